@@ -1,0 +1,93 @@
+/* distro: the optimizer. DeMo / DisTrO-AdamW, and the AdamW all-reduce
+ * baseline, behind one step call that replaces a trainer's AdamW update. */
+#ifndef DISTRO_OPTIM_H
+#define DISTRO_OPTIM_H
+
+#include <stdint.h>
+#include <distro/status.h>
+#include <distro/comm.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  DISTRO_ALG_DEMO,   /* DCT + top-k momentum compression, all-gather */
+  DISTRO_ALG_ADAMW   /* baseline: gradient all-reduce + AdamW */
+} distro_algorithm;
+
+typedef enum {
+  DISTRO_UPDATE_SIGN,  /* DeMo reference: p -= lr * sign(Q) */
+  DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: Q feeds a standard AdamW */
+} distro_update;
+
+typedef enum {
+  DISTRO_VALUES_F32,   /* 4 bytes per kept coefficient */
+  DISTRO_VALUES_BF16,  /* 2 bytes, round-to-nearest-even */
+  DISTRO_VALUES_SIGN1  /* 1 bit: sign only; receivers use +-1 (a vote) */
+} distro_values;
+
+#define DISTRO_OPTIONS_VERSION 1
+
+typedef struct distro_options {
+  int version;                 /* DISTRO_OPTIONS_VERSION */
+  distro_algorithm algorithm;
+  float lr, beta1, beta2, eps, weight_decay;
+  float compression_decay;     /* momentum decay, in [0, 1) */
+  int chunk;                   /* target chunk edge (64) */
+  int topk;                    /* coefficients kept per chunk (32) */
+  distro_update update;
+  distro_values values;
+} distro_options;
+
+/* Defaults: lr 4e-4, beta 0.9/0.95, eps 1e-8, weight decay 0.1 (AdamW) or
+ * 0.0 (DeMo sign), decay 0.999, chunk 64, topk 32, SIGN update, F32 values. */
+DISTRO_API distro_options distro_options_default(distro_algorithm alg);
+
+typedef struct distro_step_stats {
+  uint64_t bytes_sent;      /* this rank's payload on the wire (DeMo), or its
+                               share of a ring all-reduce (AdamW) */
+  uint64_t bytes_received;  /* from the other ranks */
+  double   seconds_transform; /* forward + inverse DCT */
+  double   seconds_topk;      /* selection + encode */
+  double   seconds_exchange;  /* collective */
+  double   seconds_decode;    /* validate + aggregate + update */
+  double   seconds_total;
+  int64_t  step;              /* steps completed after this one */
+} distro_step_stats;
+
+typedef struct distro_optim distro_optim;
+
+/* `comm` is borrowed and must outlive the optimizer. */
+DISTRO_API distro_status distro_optim_create(const distro_options *o, distro_comm *comm, distro_optim **out);
+
+/* Registers a tensor (pointers into the caller's buffers, read at each step).
+ * ndim >= 1, every shape entry >= 1. Names must be unique. Only before the
+ * first step or load. Tensors with >= 3 dims chunk their last two. */
+DISTRO_API distro_status distro_optim_add_param(distro_optim *o, const char *name, float *param, const float *grad,
+                                     int ndim, const int64_t *shape);
+
+/* One optimizer step on every registered tensor. `lr` overrides the options'
+ * lr (for schedules). Collective: every rank must call it. On any failure no
+ * parameter and no optimizer state has changed, on any rank. */
+DISTRO_API distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *stats /* may be NULL */);
+
+/* Optimizer state (momenta, moments, step count), atomic and checksummed.
+ * Parameters are the caller's and are not saved here. */
+DISTRO_API distro_status distro_optim_save(const distro_optim *o, const char *path);
+DISTRO_API distro_status distro_optim_load(distro_optim *o, const char *path);
+
+/* Bytes of this rank's payload per step (DeMo), or of the gradient buffer
+ * (AdamW), for the registered tensors. */
+DISTRO_API distro_status distro_optim_payload_bytes(const distro_optim *o, uint64_t *bytes);
+
+/* Same figure without buffers: for shapes[i][0..ndims[i]-1], i < ntensors. */
+DISTRO_API distro_status distro_payload_bytes(const distro_options *o, int ntensors, const int *ndims,
+                                   const int64_t *const *shapes, uint64_t *bytes);
+
+DISTRO_API void distro_optim_free(distro_optim *o); /* accepts NULL */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,23 @@
+/* Internal: a communicator is a rank, a size and a table of collectives. */
+#ifndef DISTRO_COMM_INTERNAL_H
+#define DISTRO_COMM_INTERNAL_H
+
+#include <stddef.h>
+#include <distro/comm.h>
+
+typedef struct distro__comm_ops {
+  const char *name; /* "local", "mpi", "nccl" */
+  distro_status (*allgather)(distro_comm *c, const void *send, size_t bytes, void *recv);
+  /* Must leave bit-identical results on every rank. */
+  distro_status (*allreduce_sum)(distro_comm *c, float *buf, size_t count);
+  distro_status (*barrier)(distro_comm *c);
+  void (*destroy)(distro_comm *c);
+} distro__comm_ops;
+
+struct distro_comm {
+  const distro__comm_ops *ops;
+  int rank, size;
+  void *impl;
+};
+
+#endif
