@@ -1,0 +1,122 @@
+/* Per-chunk top-k by magnitude.
+ *
+ * Each candidate becomes one 64-bit key: the bits of |x| (monotonic for
+ * non-negative floats) above the complemented index, so larger key = larger
+ * magnitude, then lower index. All keys differ, so the selected set does not
+ * depend on the selection algorithm, only on the input. */
+#include "compress/topk.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline uint64_t topk_key(float v, uint32_t idx) {
+  float a = fabsf(v);
+  uint32_t bits;
+  memcpy(&bits, &a, sizeof bits);
+  return ((uint64_t)bits << 32) | (uint64_t)(0xffffffffu - idx);
+}
+
+static inline void swap_u64(uint64_t *a, uint64_t *b) {
+  uint64_t t = *a;
+  *a = *b;
+  *b = t;
+}
+
+/* Reorders keys[0..n) so that keys[0..k) are the k largest (in any order). */
+static void select_largest(uint64_t *keys, int64_t n, int64_t k) {
+  int64_t lo = 0, hi = n - 1;
+  while (lo < hi) {
+    /* Median of three as pivot, moved to hi. */
+    int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] > keys[lo]) swap_u64(&keys[mid], &keys[lo]);
+    if (keys[hi] > keys[lo]) swap_u64(&keys[hi], &keys[lo]);
+    if (keys[mid] > keys[hi]) swap_u64(&keys[mid], &keys[hi]);
+    uint64_t pivot = keys[hi];
+    int64_t store = lo;
+    for (int64_t i = lo; i < hi; i++)
+      if (keys[i] > pivot) swap_u64(&keys[i], &keys[store++]);
+    swap_u64(&keys[store], &keys[hi]);
+    /* keys[lo..store) > pivot = keys[store] > keys(store..hi] */
+    if (store == k - 1 || store == k) return;
+    if (store < k) lo = store + 1;
+    else hi = store - 1;
+  }
+}
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return (x > y) - (x < y);
+}
+
+static void sort_indices(uint32_t *idx, int64_t k) {
+  if (k > 32) {
+    qsort(idx, (size_t)k, sizeof *idx, cmp_u32);
+    return;
+  }
+  for (int64_t i = 1; i < k; i++) {
+    uint32_t v = idx[i];
+    int64_t j = i - 1;
+    while (j >= 0 && idx[j] > v) {
+      idx[j + 1] = idx[j];
+      j--;
+    }
+    idx[j + 1] = v;
+  }
+}
+
+static inline int64_t chunk_offset(const distro__tiling *t, int64_t c, uint32_t i) {
+  int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
+  return (r0 + i / t->w) * t->cols + c0 + i % t->w;
+}
+
+void distro__topk_tiles(const distro__tiling *t, const float *coef, uint32_t *idx, float *val) {
+  const int64_t n = t->chunk_elems, k = t->k;
+#pragma omp parallel
+  {
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)n);
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < t->nchunks; c++) {
+      uint32_t *ci = idx + c * k;
+      float *cv = val + c * k;
+      const int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
+      if (k == n || !keys) {
+        /* Everything is kept (or no scratch: fall back to a full scan). */
+        if (k == n) {
+          for (int64_t i = 0; i < n; i++) ci[i] = (uint32_t)i;
+        } else {
+          /* Repeated max scan: O(n k) but allocation-free. */
+          uint64_t prev = UINT64_MAX;
+          for (int64_t j = 0; j < k; j++) {
+            uint64_t best = 0;
+            for (int64_t i = 0; i < n; i++) {
+              uint64_t key = topk_key(coef[chunk_offset(t, c, (uint32_t)i)], (uint32_t)i);
+              if (key < prev && key > best) best = key;
+            }
+            ci[j] = 0xffffffffu - (uint32_t)(best & 0xffffffffu);
+            prev = best;
+          }
+          sort_indices(ci, k);
+        }
+      } else {
+        int64_t m = 0;
+        for (int64_t b = 0; b < t->h; b++) {
+          const float *row = coef + (r0 + b) * t->cols + c0;
+          for (int64_t d = 0; d < t->w; d++, m++) keys[m] = topk_key(row[d], (uint32_t)m);
+        }
+        select_largest(keys, n, k);
+        for (int64_t j = 0; j < k; j++) ci[j] = 0xffffffffu - (uint32_t)(keys[j] & 0xffffffffu);
+        sort_indices(ci, k);
+      }
+      for (int64_t j = 0; j < k; j++) cv[j] = coef[chunk_offset(t, c, ci[j])];
+    }
+    free(keys);
+  }
+}
+
+void distro__topk_zero_selected(const distro__tiling *t, float *coef, const uint32_t *idx) {
+  const int64_t k = t->k;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < t->nchunks; c++)
+    for (int64_t j = 0; j < k; j++) coef[chunk_offset(t, c, idx[c * k + j])] = 0.0f;
+}

@@ -1,0 +1,219 @@
+/* Payload wire format v1: encode, validate, decode helpers. */
+#include "compress/wire.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/crc32c.h"
+#include "common/error.h"
+
+static void put_u16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static void put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get_u32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
+
+uint16_t distro__bf16_from_float(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+float distro__bf16_to_float(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+int distro__wire_index_width(int64_t chunk_elems) {
+  if (chunk_elems <= 256) return 1;
+  if (chunk_elems <= 65536) return 2;
+  return 4;
+}
+
+size_t distro__wire_value_bytes(distro_values v, int64_t count) {
+  switch (v) {
+    case DISTRO_VALUES_F32: return 4 * (size_t)count;
+    case DISTRO_VALUES_BF16: return 2 * (size_t)count;
+    case DISTRO_VALUES_SIGN1: return ((size_t)count + 7) / 8;
+  }
+  return 0;
+}
+
+float distro__wire_value(const uint8_t *sec, distro_values v, int64_t j) {
+  switch (v) {
+    case DISTRO_VALUES_F32: {
+      float x;
+      memcpy(&x, sec + 4 * j, 4);
+      return x;
+    }
+    case DISTRO_VALUES_BF16: return distro__bf16_to_float(get_u16(sec + 2 * j));
+    case DISTRO_VALUES_SIGN1: return (sec[j >> 3] >> (j & 7)) & 1 ? -1.0f : 1.0f;
+  }
+  return 0.0f;
+}
+
+distro_status distro__wire_layout_init(distro__wire_layout *l, const distro__tiling *t, int n, distro_values v) {
+  memset(l, 0, sizeof *l);
+  if (v != DISTRO_VALUES_F32 && v != DISTRO_VALUES_BF16 && v != DISTRO_VALUES_SIGN1)
+    return distro__fail(DISTRO_ERR_INVALID, "unknown values codec %d", (int)v);
+  l->ntensors = n;
+  l->values = v;
+  l->idx_off = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
+  l->val_off = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
+  l->idx_width = malloc(sizeof(int) * (size_t)(n ? n : 1));
+  if (!l->idx_off || !l->val_off || !l->idx_width) {
+    distro__wire_layout_destroy(l);
+    return distro__fail(DISTRO_ERR_NOMEM, "payload layout allocation failed");
+  }
+  size_t off = DISTRO__WIRE_HEADER + (size_t)n * DISTRO__WIRE_DESC;
+  for (int i = 0; i < n; i++) {
+    int64_t count = t[i].nchunks * t[i].k;
+    l->idx_width[i] = distro__wire_index_width(t[i].chunk_elems);
+    l->idx_off[i] = off;
+    off += (size_t)count * (size_t)l->idx_width[i];
+    l->val_off[i] = off;
+    off += distro__wire_value_bytes(v, count);
+  }
+  l->total = off + 4;
+  return DISTRO_OK;
+}
+
+void distro__wire_layout_destroy(distro__wire_layout *l) {
+  if (!l) return;
+  free(l->idx_off);
+  free(l->val_off);
+  free(l->idx_width);
+  memset(l, 0, sizeof *l);
+}
+
+void distro__wire_write_header(uint8_t *buf, const distro__wire_layout *l, const distro__tiling *t, uint32_t flags,
+                               uint32_t sender, uint64_t step, uint32_t abort_status, uint32_t abort_tensor) {
+  memset(buf, 0, DISTRO__WIRE_HEADER);
+  put_u32(buf + 0, DISTRO__WIRE_MAGIC);
+  put_u16(buf + 4, DISTRO__WIRE_VERSION);
+  buf[6] = (uint8_t)l->values;
+  buf[7] = (uint8_t)flags;
+  put_u32(buf + 8, (uint32_t)l->ntensors);
+  put_u32(buf + 12, sender);
+  put_u64(buf + 16, step);
+  put_u64(buf + 24, (uint64_t)l->total);
+  put_u32(buf + 32, abort_status);
+  put_u32(buf + 36, abort_tensor);
+  for (int i = 0; i < l->ntensors; i++) {
+    uint8_t *d = buf + DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE_DESC;
+    put_u32(d + 0, (uint32_t)t[i].h);
+    put_u32(d + 4, (uint32_t)t[i].w);
+    put_u32(d + 8, (uint32_t)t[i].k);
+    put_u32(d + 12, (uint32_t)l->idx_width[i]);
+    put_u64(d + 16, (uint64_t)t[i].nchunks);
+  }
+}
+
+void distro__wire_write_tensor(uint8_t *buf, const distro__wire_layout *l, const distro__tiling *t, int i,
+                               const uint32_t *idx, const float *val) {
+  const int64_t count = t[i].nchunks * t[i].k;
+  uint8_t *is = buf + l->idx_off[i], *vs = buf + l->val_off[i];
+  const int w = l->idx_width[i];
+  for (int64_t j = 0; j < count; j++) {
+    if (w == 1) is[j] = (uint8_t)idx[j];
+    else if (w == 2) put_u16(is + 2 * j, (uint16_t)idx[j]);
+    else put_u32(is + 4 * j, idx[j]);
+  }
+  switch (l->values) {
+    case DISTRO_VALUES_F32: memcpy(vs, val, 4 * (size_t)count); break;
+    case DISTRO_VALUES_BF16:
+      for (int64_t j = 0; j < count; j++) put_u16(vs + 2 * j, distro__bf16_from_float(val[j]));
+      break;
+    case DISTRO_VALUES_SIGN1:
+      memset(vs, 0, distro__wire_value_bytes(l->values, count));
+      for (int64_t j = 0; j < count; j++)
+        if (signbit(val[j])) vs[j >> 3] |= (uint8_t)(1u << (j & 7));
+      break;
+  }
+}
+
+void distro__wire_clear_body(uint8_t *buf, const distro__wire_layout *l) {
+  size_t start = DISTRO__WIRE_HEADER + (size_t)l->ntensors * DISTRO__WIRE_DESC;
+  memset(buf + start, 0, l->total - start);
+}
+
+void distro__wire_seal(uint8_t *buf, const distro__wire_layout *l) {
+  put_u32(buf + l->total - 4, distro__crc32c(buf, l->total - 4));
+}
+
+distro_status distro__wire_validate(const uint8_t *buf, size_t size, const distro__wire_layout *l,
+                                    const distro__tiling *t, int peer, int *aborted, uint32_t *abort_status,
+                                    uint32_t *abort_tensor) {
+  *aborted = 0;
+  if (size != l->total)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: %zu bytes, expected %zu", peer, size, l->total);
+  if (get_u32(buf) != DISTRO__WIRE_MAGIC)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%08x", peer, get_u32(buf));
+  if (get_u16(buf + 4) != DISTRO__WIRE_VERSION)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unsupported wire version %u", peer,
+                        get_u16(buf + 4));
+  uint32_t crc = distro__crc32c(buf, size - 4);
+  if (crc != get_u32(buf + size - 4))
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: CRC32C mismatch (0x%08x != 0x%08x)", peer, crc,
+                        get_u32(buf + size - 4));
+  if (buf[6] != (uint8_t)l->values)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: values codec %u, expected %d", peer, buf[6],
+                        (int)l->values);
+  if (get_u32(buf + 8) != (uint32_t)l->ntensors || get_u64(buf + 24) != (uint64_t)l->total)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: header disagrees with the tensor list", peer);
+  if (buf[7] & DISTRO__WIRE_FLAG_ABORT) {
+    *aborted = 1;
+    *abort_status = get_u32(buf + 32);
+    *abort_tensor = get_u32(buf + 36);
+    return DISTRO_OK;
+  }
+  if (buf[7] != 0) return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unknown flags 0x%02x", peer, buf[7]);
+  for (int i = 0; i < l->ntensors; i++) {
+    const uint8_t *d = buf + DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE_DESC;
+    if (get_u32(d) != (uint32_t)t[i].h || get_u32(d + 4) != (uint32_t)t[i].w || get_u32(d + 8) != (uint32_t)t[i].k ||
+        get_u32(d + 12) != (uint32_t)l->idx_width[i] || get_u64(d + 16) != (uint64_t)t[i].nchunks)
+      return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d descriptor disagrees", peer, i);
+  }
+  /* Indices strictly increasing within each chunk and in range; values finite. */
+  for (int i = 0; i < l->ntensors; i++) {
+    const uint8_t *is = buf + l->idx_off[i], *vs = buf + l->val_off[i];
+    const int64_t k = t[i].k, n = t[i].chunk_elems;
+    for (int64_t c = 0; c < t[i].nchunks; c++) {
+      int64_t prev = -1;
+      for (int64_t j = c * k; j < (c + 1) * k; j++) {
+        int64_t ix = distro__wire_index(is, l->idx_width[i], j);
+        if (ix <= prev || ix >= n)
+          return distro__fail(DISTRO_ERR_PAYLOAD,
+                              "payload from rank %d: tensor %d chunk %lld: index %lld out of range or order", peer, i,
+                              (long long)c, (long long)ix);
+        prev = ix;
+      }
+    }
+    if (l->values != DISTRO_VALUES_SIGN1) {
+      const int64_t count = t[i].nchunks * k;
+      for (int64_t j = 0; j < count; j++)
+        if (!isfinite(distro__wire_value(vs, l->values, j)))
+          return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: non-finite value", peer, i);
+    } else {
+      /* Padding bits past the last value must be zero (one encoding). */
+      const int64_t count = t[i].nchunks * k;
+      if (count % 8 && (vs[count / 8] >> (count % 8)))
+        return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: nonzero padding bits", peer, i);
+    }
+  }
+  return DISTRO_OK;
+}

@@ -1,0 +1,141 @@
+/* The DeMo step (ALGORITHMS.md section 1), momentum kept in the DCT domain.
+ *
+ * The transform is orthonormal, so decay*DCT(d) + s*DCT(g) = DCT(decay*d +
+ * s*g), and removing the sent coefficients from DCT(d) is the reference's
+ * "decode own payload and subtract". Each step then costs one forward DCT (of
+ * the gradient) and one inverse (of the aggregate) instead of three. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_internal.h"
+#include "common/error.h"
+#include "compress/topk.h"
+#include "optim/optim_internal.h"
+
+/* mom_next = decay*mom + s*DCT(grad); select; remove the selection. */
+static void compress_tensor(distro_optim *o, distro__param *p, float s, distro_step_stats *st) {
+  const int64_t n = p->numel;
+  const float decay = o->opt.compression_decay;
+  double t0 = distro__now();
+  distro__dct_encode_tiles(&p->plan, p->grad, p->mom_next, o->scratch_a);
+  float *next = p->mom_next;
+  const float *mom = p->mom;
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n; j++) next[j] = decay * mom[j] + s * next[j];
+  double t1 = distro__now();
+  distro__topk_tiles(&p->tiling, next, p->idx, p->val);
+  distro__topk_zero_selected(&p->tiling, next, p->idx);
+  st->seconds_transform += t1 - t0;
+  st->seconds_topk += distro__now() - t1;
+}
+
+/* Aggregate every rank's payload for tensor i into coef: per coefficient the
+ * mean over the ranks that selected it, summed in rank order so the result
+ * does not depend on thread count. */
+static void aggregate_tensor(const distro_optim *o, int i, float *coef, uint16_t *cnt) {
+  const distro__tiling *t = &o->tilings[i];
+  const distro__wire_layout *l = &o->layout;
+  const int world = o->comm->size;
+  const int64_t k = t->k;
+  memset(coef, 0, sizeof(float) * (size_t)(t->rows * t->cols));
+  memset(cnt, 0, sizeof(uint16_t) * (size_t)(t->rows * t->cols));
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < t->nchunks; c++) {
+    const int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
+    for (int r = 0; r < world; r++) {
+      const uint8_t *buf = o->recv + (size_t)r * l->total;
+      const uint8_t *is = buf + l->idx_off[i], *vs = buf + l->val_off[i];
+      for (int64_t j = c * k; j < (c + 1) * k; j++) {
+        uint32_t ix = distro__wire_index(is, l->idx_width[i], j);
+        int64_t at = (r0 + ix / t->w) * t->cols + c0 + ix % t->w;
+        coef[at] += distro__wire_value(vs, l->values, j);
+        cnt[at]++;
+      }
+    }
+    for (int64_t b = 0; b < t->h; b++)
+      for (int64_t d = 0; d < t->w; d++) {
+        int64_t at = (r0 + b) * t->cols + c0 + d;
+        if (cnt[at] > 1) coef[at] /= (float)cnt[at];
+      }
+  }
+}
+
+static inline float signf(float x) { return (float)((x > 0) - (x < 0)); }
+
+distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s) {
+  distro_status st = DISTRO_OK;
+  distro_comm *comm = o->comm;
+  const int world = comm->size, rank = comm->rank;
+  const distro__wire_layout *l = &o->layout;
+  const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN;
+
+  /* 1. Compress locally into staged state, or announce that we cannot. */
+  int bad = distro__first_nonfinite_grad(o);
+  if (bad >= 0) {
+    distro__wire_write_header(o->send, l, o->tilings, DISTRO__WIRE_FLAG_ABORT, (uint32_t)rank, (uint64_t)o->step,
+                              DISTRO_ERR_NONFINITE, (uint32_t)bad);
+    distro__wire_clear_body(o->send, l);
+  } else {
+    distro__wire_write_header(o->send, l, o->tilings, 0, (uint32_t)rank, (uint64_t)o->step, 0, 0);
+    for (int i = 0; i < o->nparams; i++) {
+      distro__param *p = &o->params[i];
+      /* The sign variant folds lr into the momentum; DisTrO-AdamW accumulates raw gradients. */
+      compress_tensor(o, p, sign_update ? lr : 1.0f, s);
+      double t0 = distro__now();
+      distro__wire_write_tensor(o->send, l, o->tilings, i, p->idx, p->val);
+      s->seconds_topk += distro__now() - t0;
+    }
+  }
+  distro__wire_seal(o->send, l);
+
+  /* 2. Exchange. */
+  double t0 = distro__now();
+  DISTRO_CHECK(comm->ops->allgather(comm, o->send, l->total, o->recv));
+  double t1 = distro__now();
+  s->seconds_exchange += t1 - t0;
+  s->bytes_sent = l->total;
+  s->bytes_received = (uint64_t)l->total * (uint64_t)(world - 1);
+
+  /* 3. Validate every payload before anything is applied. */
+  for (int r = 0; r < world; r++) {
+    int aborted = 0;
+    uint32_t why = 0, tensor = 0;
+    DISTRO_CHECK(distro__wire_validate(o->recv + (size_t)r * l->total, l->total, l, o->tilings, r, &aborted, &why,
+                                       &tensor));
+    if (aborted) {
+      const char *name = tensor < (uint32_t)o->nparams ? o->params[tensor].name : "?";
+      DISTRO_FAIL(why == DISTRO_ERR_NONFINITE ? DISTRO_ERR_NONFINITE : DISTRO_ERR_COMM,
+                  "rank %d could not step: non-finite gradient in tensor '%s'; nothing was applied", r, name);
+    }
+  }
+
+  /* 4. Commit: the staged momentum becomes current, and every rank applies
+   * the same aggregate. */
+  for (int i = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    float *tmp = p->mom;
+    p->mom = p->mom_next;
+    p->mom_next = tmp;
+    double ta = distro__now();
+    aggregate_tensor(o, i, o->scratch_a, o->counts);
+    double tb = distro__now();
+    distro__dct_decode_tiles(&p->plan, o->scratch_a, o->scratch_b, o->scratch_c);
+    double tc = distro__now();
+    const float *q = o->scratch_b;
+    float *w = p->param;
+    const int64_t n = p->numel;
+    if (sign_update) {
+      const float shrink = 1.0f - lr * o->opt.weight_decay;
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < n; j++) w[j] = w[j] * shrink - lr * signf(q[j]);
+    } else {
+      distro__adamw_update(w, p->m, p->v, q, n, 1.0f, &o->opt, lr, o->step + 1);
+    }
+    s->seconds_decode += (tb - ta) + (distro__now() - tc);
+    s->seconds_transform += tc - tb;
+  }
+  return DISTRO_OK;
+fail:
+  return st;
+}

@@ -1,0 +1,328 @@
+/* Optimizer lifecycle: create, register tensors, allocate, agree on the
+ * tensor list across ranks, and dispatch the step. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm_internal.h"
+#include "common/error.h"
+#include "optim/optim_internal.h"
+
+double distro__now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+distro_status distro_optim_create(const distro_options *opt, distro_comm *comm, distro_optim **out) {
+  if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_create: out is NULL");
+  *out = NULL;
+  if (!opt) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_create: options are NULL");
+  if (!comm) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_create: comm is NULL");
+  distro_status st = distro__options_check(opt);
+  if (st != DISTRO_OK) return st;
+  if (comm->size > 65535)
+    return distro__fail(DISTRO_ERR_UNSUPPORTED, "distro_optim_create: at most 65535 ranks (got %d)", comm->size);
+  distro_optim *o = calloc(1, sizeof *o);
+  if (!o) return distro__fail(DISTRO_ERR_NOMEM, "distro_optim_create: out of memory");
+  o->opt = *opt;
+  o->comm = comm;
+  *out = o;
+  return DISTRO_OK;
+}
+
+distro_status distro_optim_add_param(distro_optim *o, const char *name, float *param, const float *grad, int ndim,
+                                     const int64_t *shape) {
+  distro_status st = DISTRO_OK;
+  char *copy = NULL;
+  if (!o || !name || !param || !grad || !shape)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: NULL argument");
+  if (o->ready)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): tensors are frozen after the first step or load",
+                        name);
+  if (!*name || strlen(name) > 255)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: name must have 1..255 characters");
+  if (ndim < 1 || ndim > DISTRO__MAX_NDIM)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): ndim %d not in [1, %d]", name, ndim,
+                        DISTRO__MAX_NDIM);
+  for (int i = 0; i < o->nparams; i++)
+    if (!strcmp(o->params[i].name, name))
+      return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: duplicate tensor name '%s'", name);
+  distro__tiling t;
+  int64_t target = o->opt.algorithm == DISTRO_ALG_DEMO ? o->opt.chunk : 1;
+  int64_t topk = o->opt.algorithm == DISTRO_ALG_DEMO ? o->opt.topk : 1;
+  st = distro__tiling_init(&t, ndim, shape, target, topk);
+  if (st != DISTRO_OK) return distro__fail(st, "distro_optim_add_param('%s'): %s", name, distro_last_error());
+  if (o->nparams == o->cap) {
+    int cap = o->cap ? 2 * o->cap : 16;
+    distro__param *p = realloc(o->params, sizeof *p * (size_t)cap);
+    if (!p) return distro__fail(DISTRO_ERR_NOMEM, "distro_optim_add_param: out of memory");
+    o->params = p;
+    o->cap = cap;
+  }
+  copy = strdup(name);
+  if (!copy) return distro__fail(DISTRO_ERR_NOMEM, "distro_optim_add_param: out of memory");
+  distro__param *p = &o->params[o->nparams++];
+  memset(p, 0, sizeof *p);
+  p->name = copy;
+  p->param = param;
+  p->grad = grad;
+  p->ndim = ndim;
+  memcpy(p->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  p->numel = t.rows * t.cols;
+  p->tiling = t;
+  return DISTRO_OK;
+}
+
+static void free_state(distro_optim *o) {
+  for (int i = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    distro__dct_plan_destroy(&p->plan);
+    free(p->mom);
+    free(p->mom_next);
+    free(p->m);
+    free(p->v);
+    free(p->idx);
+    free(p->val);
+    p->mom = p->mom_next = p->m = p->v = p->val = NULL;
+    p->idx = NULL;
+  }
+  distro__wire_layout_destroy(&o->layout);
+  free(o->tilings);
+  free(o->send);
+  free(o->recv);
+  free(o->scratch_a);
+  free(o->scratch_b);
+  free(o->scratch_c);
+  free(o->counts);
+  free(o->flat);
+  o->tilings = NULL;
+  o->send = o->recv = NULL;
+  o->scratch_a = o->scratch_b = o->scratch_c = o->flat = NULL;
+  o->counts = NULL;
+}
+
+void distro_optim_free(distro_optim *o) {
+  if (!o) return;
+  free_state(o);
+  for (int i = 0; i < o->nparams; i++) free(o->params[i].name);
+  free(o->params);
+  free(o);
+}
+
+static void *zalloc_floats(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
+
+distro_status distro__optim_prepare(distro_optim *o) {
+  distro_status st = DISTRO_OK;
+  if (o->ready) return DISTRO_OK;
+  if (o->nparams == 0) return distro__fail(DISTRO_ERR_INVALID, "no tensors registered (distro_optim_add_param)");
+  const int demo = o->opt.algorithm == DISTRO_ALG_DEMO, adam = distro__uses_adam(&o->opt);
+  const int world = o->comm->size;
+  o->max_numel = o->total_numel = 0;
+  o->tilings = malloc(sizeof(distro__tiling) * (size_t)o->nparams);
+  if (!o->tilings) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    o->tilings[i] = p->tiling;
+    if (p->numel > o->max_numel) o->max_numel = p->numel;
+    o->total_numel += p->numel;
+    if (adam) {
+      p->m = zalloc_floats(p->numel);
+      p->v = zalloc_floats(p->numel);
+      if (!p->m || !p->v) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for AdamW moments of '%s'", p->name);
+    }
+    if (demo) {
+      const int64_t sel = p->tiling.nchunks * p->tiling.k;
+      p->mom = zalloc_floats(p->numel);
+      p->mom_next = zalloc_floats(p->numel);
+      p->idx = malloc(sizeof(uint32_t) * (size_t)sel);
+      p->val = malloc(sizeof(float) * (size_t)sel);
+      if (!p->mom || !p->mom_next || !p->idx || !p->val)
+        DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the momentum of '%s'", p->name);
+      DISTRO_CHECK(distro__dct_plan_init(&p->plan, &p->tiling, DISTRO__DCT_GEMM));
+    }
+  }
+  if (demo) {
+    DISTRO_CHECK(distro__wire_layout_init(&o->layout, o->tilings, o->nparams, o->opt.values));
+    o->send = malloc(o->layout.total);
+    o->recv = malloc(o->layout.total * (size_t)world);
+    o->scratch_a = zalloc_floats(o->max_numel);
+    o->scratch_b = zalloc_floats(o->max_numel);
+    o->scratch_c = zalloc_floats(o->max_numel);
+    o->counts = calloc((size_t)o->max_numel, sizeof(uint16_t));
+    if (!o->send || !o->recv || !o->scratch_a || !o->scratch_b || !o->scratch_c || !o->counts)
+      DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload buffers");
+  } else {
+    o->flat = zalloc_floats(o->total_numel + 1);
+    if (!o->flat) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the all-reduce buffer");
+  }
+  o->ready = 1;
+  return DISTRO_OK;
+fail:
+  free_state(o);
+  return st;
+}
+
+/* ---- tensor-list agreement ------------------------------------------------ */
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+  const uint8_t *p = data;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+static uint64_t param_hash(const distro__param *p) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  h = fnv1a(h, p->name, strlen(p->name) + 1);
+  h = fnv1a(h, &p->ndim, sizeof p->ndim);
+  return fnv1a(h, p->shape, sizeof(int64_t) * (size_t)p->ndim);
+}
+
+typedef struct {
+  uint64_t ok, nparams, options_hash, list_hash;
+} signature;
+
+distro_status distro__optim_verify(distro_optim *o, int local_ok) {
+  distro_status st = DISTRO_OK;
+  const int world = o->comm->size, rank = o->comm->rank;
+  signature mine = {(uint64_t)(local_ok != 0), (uint64_t)o->nparams, 0xcbf29ce484222325ULL, 0xcbf29ce484222325ULL}, *all = NULL;
+  uint64_t *hashes = NULL, *all_hashes = NULL;
+  int32_t fields[5] = {(int32_t)o->opt.algorithm, (int32_t)o->opt.update, (int32_t)o->opt.values, o->opt.chunk,
+                       o->opt.topk};
+  if (o->opt.algorithm == DISTRO_ALG_ADAMW) fields[1] = fields[2] = fields[3] = fields[4] = 0;
+  mine.options_hash = fnv1a(mine.options_hash, fields, sizeof fields);
+  for (int i = 0; i < o->nparams; i++) {
+    uint64_t h = param_hash(&o->params[i]);
+    mine.list_hash = fnv1a(mine.list_hash, &h, sizeof h);
+  }
+  all = malloc(sizeof *all * (size_t)world);
+  if (!all) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  DISTRO_CHECK(o->comm->ops->allgather(o->comm, &mine, sizeof mine, all));
+  uint64_t maxn = 0;
+  int differ = 0;
+  for (int r = 0; r < world; r++)
+    if (!all[r].ok) DISTRO_FAIL(DISTRO_ERR_COMM, "rank %d could not prepare its optimizer state", r);
+  for (int r = 0; r < world; r++) {
+    if (all[r].options_hash != all[0].options_hash)
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "rank %d uses different optimizer options (algorithm/update/values/chunk/topk) than rank 0", r);
+    if (all[r].nparams != all[0].nparams || all[r].list_hash != all[0].list_hash) differ = 1;
+    if (all[r].nparams > maxn) maxn = all[r].nparams;
+  }
+  if (!differ) {
+    free(all);
+    o->verified = 1;
+    return DISTRO_OK;
+  }
+  /* Second round: per-tensor hashes, padded to the longest list, to name the
+   * first tensor that differs. */
+  hashes = calloc(maxn, sizeof *hashes);
+  all_hashes = calloc(maxn * (size_t)world, sizeof *all_hashes);
+  if (!hashes || !all_hashes) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < o->nparams; i++) hashes[i] = param_hash(&o->params[i]);
+  DISTRO_CHECK(o->comm->ops->allgather(o->comm, hashes, sizeof *hashes * maxn, all_hashes));
+  for (uint64_t i = 0; i < maxn; i++)
+    for (int r = 1; r < world; r++)
+      if (all_hashes[r * maxn + i] != all_hashes[i]) {
+        const char *name = i < (uint64_t)o->nparams ? o->params[i].name : "(none)";
+        DISTRO_FAIL(DISTRO_ERR_SHAPE,
+                    "tensor lists differ across ranks: tensor #%llu (here '%s' on rank %d) differs between rank 0 and rank %d",
+                    (unsigned long long)i, name, rank, r);
+      }
+  DISTRO_FAIL(DISTRO_ERR_SHAPE, "tensor lists differ across ranks");
+fail:
+  free(all);
+  free(hashes);
+  free(all_hashes);
+  return st;
+}
+
+int distro__first_nonfinite_grad(const distro_optim *o) {
+  for (int i = 0; i < o->nparams; i++) {
+    const float *g = o->params[i].grad;
+    const int64_t n = o->params[i].numel;
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+    for (int64_t j = 0; j < n; j++) bad |= !isfinite(g[j]);
+    if (bad) return i;
+  }
+  return -1;
+}
+
+distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *stats) {
+  distro_status st;
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_step: optimizer is NULL");
+  if (!(isfinite(lr) && lr >= 0)) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_step: lr %g must be finite and >= 0", (double)lr);
+  double t0 = distro__now();
+  distro_step_stats s;
+  memset(&s, 0, sizeof s);
+  /* Allocation is local, so a failure on one rank must still reach the
+   * others: it travels in the signature round of the first step. */
+  st = distro__optim_prepare(o);
+  if (!o->verified) {
+    char why[512] = "";
+    if (st != DISTRO_OK) snprintf(why, sizeof why, "%s", distro_last_error());
+    distro_status vst = distro__optim_verify(o, st == DISTRO_OK);
+    if (st != DISTRO_OK) return distro__fail(st, "%s", why);
+    if (vst != DISTRO_OK) return vst;
+  } else if (st != DISTRO_OK) {
+    return st;
+  }
+  st = o->opt.algorithm == DISTRO_ALG_DEMO ? distro__demo_step(o, lr, &s) : distro__adamw_step(o, lr, &s);
+  if (st != DISTRO_OK) return st;
+  o->step++;
+  s.step = o->step;
+  s.seconds_total = distro__now() - t0;
+  if (stats) *stats = s;
+  return DISTRO_OK;
+}
+
+distro_status distro_payload_bytes(const distro_options *opt, int n, const int *ndims, const int64_t *const *shapes,
+                                   uint64_t *bytes) {
+  distro_status st = DISTRO_OK;
+  distro__tiling *t = NULL;
+  distro__wire_layout l = {0};
+  if (!opt || !bytes || n < 1 || !ndims || !shapes)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_payload_bytes: NULL argument or no tensors");
+  DISTRO_CHECK(distro__options_check(opt));
+  if (opt->algorithm == DISTRO_ALG_ADAMW) {
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+      distro__tiling ti;
+      DISTRO_CHECK(distro__tiling_init(&ti, ndims[i], shapes[i], 1, 1));
+      total += (uint64_t)(ti.rows * ti.cols) * 4;
+    }
+    *bytes = total;
+    return DISTRO_OK;
+  }
+  t = malloc(sizeof *t * (size_t)n);
+  if (!t) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < n; i++) DISTRO_CHECK(distro__tiling_init(&t[i], ndims[i], shapes[i], opt->chunk, opt->topk));
+  DISTRO_CHECK(distro__wire_layout_init(&l, t, n, opt->values));
+  *bytes = l.total;
+fail:
+  distro__wire_layout_destroy(&l);
+  free(t);
+  return st;
+}
+
+distro_status distro_optim_payload_bytes(const distro_optim *o, uint64_t *bytes) {
+  if (!o || !bytes) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_payload_bytes: NULL argument");
+  if (o->nparams == 0) return distro__fail(DISTRO_ERR_INVALID, "no tensors registered");
+  int *nd = malloc(sizeof(int) * (size_t)o->nparams);
+  const int64_t **sh = malloc(sizeof(int64_t *) * (size_t)o->nparams);
+  distro_status st = DISTRO_ERR_NOMEM;
+  if (nd && sh) {
+    for (int i = 0; i < o->nparams; i++) {
+      nd[i] = o->params[i].ndim;
+      sh[i] = o->params[i].shape;
+    }
+    st = distro_payload_bytes(&o->opt, o->nparams, nd, sh, bytes);
+  } else {
+    distro__fail(st, "out of memory");
+  }
+  free(nd);
+  free(sh);
+  return st;
+}

@@ -1,0 +1,55 @@
+/* Option defaults and validation. */
+#include <math.h>
+
+#include "common/error.h"
+#include "optim/optim_internal.h"
+
+distro_options distro_options_default(distro_algorithm alg) {
+  distro_options o = {0};
+  o.version = DISTRO_OPTIONS_VERSION;
+  o.algorithm = alg;
+  o.lr = 4e-4f;
+  o.beta1 = 0.9f;
+  o.beta2 = 0.95f;
+  o.eps = 1e-8f;
+  o.weight_decay = alg == DISTRO_ALG_ADAMW ? 0.1f : 0.0f;
+  o.compression_decay = 0.999f;
+  o.chunk = 64;
+  o.topk = 32;
+  o.update = DISTRO_UPDATE_SIGN;
+  o.values = DISTRO_VALUES_F32;
+  return o;
+}
+
+int distro__uses_adam(const distro_options *o) {
+  return o->algorithm == DISTRO_ALG_ADAMW || o->update == DISTRO_UPDATE_ADAMW;
+}
+
+distro_status distro__options_check(const distro_options *o) {
+  if (o->version != DISTRO_OPTIONS_VERSION)
+    return distro__fail(DISTRO_ERR_INVALID, "options.version is %d, expected %d (use distro_options_default)",
+                        o->version, DISTRO_OPTIONS_VERSION);
+  if (o->algorithm != DISTRO_ALG_DEMO && o->algorithm != DISTRO_ALG_ADAMW)
+    return distro__fail(DISTRO_ERR_INVALID, "unknown algorithm %d", (int)o->algorithm);
+  if (o->update != DISTRO_UPDATE_SIGN && o->update != DISTRO_UPDATE_ADAMW)
+    return distro__fail(DISTRO_ERR_INVALID, "unknown update rule %d", (int)o->update);
+  if (o->values != DISTRO_VALUES_F32 && o->values != DISTRO_VALUES_BF16 && o->values != DISTRO_VALUES_SIGN1)
+    return distro__fail(DISTRO_ERR_INVALID, "unknown values codec %d", (int)o->values);
+  if (!(isfinite(o->lr) && o->lr >= 0)) return distro__fail(DISTRO_ERR_INVALID, "lr must be finite and >= 0");
+  if (!(isfinite(o->weight_decay) && o->weight_decay >= 0))
+    return distro__fail(DISTRO_ERR_INVALID, "weight_decay must be finite and >= 0");
+  if (distro__uses_adam(o)) {
+    if (!(o->beta1 >= 0 && o->beta1 < 1)) return distro__fail(DISTRO_ERR_INVALID, "beta1 must be in [0, 1)");
+    if (!(o->beta2 >= 0 && o->beta2 < 1)) return distro__fail(DISTRO_ERR_INVALID, "beta2 must be in [0, 1)");
+    if (!(isfinite(o->eps) && o->eps > 0)) return distro__fail(DISTRO_ERR_INVALID, "eps must be finite and > 0");
+  }
+  if (o->algorithm == DISTRO_ALG_DEMO) {
+    if (!(o->compression_decay >= 0 && o->compression_decay < 1))
+      return distro__fail(DISTRO_ERR_INVALID, "compression_decay must be in [0, 1) (got %g)",
+                          (double)o->compression_decay);
+    if (o->chunk <= 0) return distro__fail(DISTRO_ERR_INVALID, "chunk must be > 0 (got %d)", o->chunk);
+    if (o->chunk > 4096) return distro__fail(DISTRO_ERR_INVALID, "chunk must be <= 4096 (got %d)", o->chunk);
+    if (o->topk <= 0) return distro__fail(DISTRO_ERR_INVALID, "topk must be > 0 (got %d)", o->topk);
+  }
+  return DISTRO_OK;
+}

@@ -1,0 +1,198 @@
+/* Saving and loading optimizer state.
+ *
+ * File: "DSTROPT\0" | u32 version | u32 algorithm, update, values, chunk,
+ * topk, nparams | i64 step | per tensor: u32 name length, name, u32 ndim,
+ * i64 shape[ndim], then its arrays (DeMo momentum; AdamW m and v) as
+ * little-endian float32 | u32 CRC32C of everything before.
+ * Saves go to a temporary file that is synced and renamed over the target,
+ * so a crash leaves either the old or the new file. Loads verify everything
+ * into fresh buffers and swap them in only at the end. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/crc32c.h"
+#include "common/error.h"
+#include "optim/optim_internal.h"
+
+#define STATE_MAGIC "DSTROPT"
+#define STATE_VERSION 1u
+
+typedef struct {
+  FILE *f;
+  uint32_t crc;
+  int err;
+} writer;
+
+static void w_bytes(writer *w, const void *p, size_t n) {
+  if (w->err || n == 0) return;
+  if (fwrite(p, 1, n, w->f) != n) w->err = errno ? errno : EIO;
+  w->crc = distro__crc32c_update(w->crc, p, n);
+}
+static void w_u32(writer *w, uint32_t v) { w_bytes(w, &v, 4); } /* x86/arm LE hosts */
+static void w_i64(writer *w, int64_t v) { w_bytes(w, &v, 8); }
+
+static int arrays_per_param(const distro_options *o) {
+  return (o->algorithm == DISTRO_ALG_DEMO ? 1 : 0) + (distro__uses_adam(o) ? 2 : 0);
+}
+
+/* The a-th saved array of a tensor: DeMo momentum first, then AdamW m, v. */
+static float **param_array(distro__param *p, const distro_options *o, int a) {
+  if (o->algorithm == DISTRO_ALG_DEMO) {
+    if (a == 0) return &p->mom;
+    a--;
+  }
+  return a == 0 ? &p->m : &p->v;
+}
+
+distro_status distro_optim_save(const distro_optim *co, const char *path) {
+  distro_status st = DISTRO_OK;
+  char *tmp = NULL;
+  int fd = -1;
+  writer w = {0};
+  if (!co || !path || !*path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_save: NULL argument");
+  distro_optim *o = (distro_optim *)co; /* prepare() allocates lazily; no observable change */
+  DISTRO_CHECK(distro__optim_prepare(o));
+  size_t len = strlen(path) + 32;
+  tmp = malloc(len);
+  if (!tmp) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  snprintf(tmp, len, "%s.tmp.%ld", path, (long)getpid());
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) DISTRO_FAIL(DISTRO_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+  w.f = fdopen(fd, "wb");
+  if (!w.f) DISTRO_FAIL(DISTRO_ERR_IO, "fdopen '%s': %s", tmp, strerror(errno));
+  fd = -1;
+  w_bytes(&w, STATE_MAGIC, 8);
+  w_u32(&w, STATE_VERSION);
+  uint32_t hdr[6] = {(uint32_t)o->opt.algorithm, (uint32_t)o->opt.update, (uint32_t)o->opt.values,
+                     (uint32_t)o->opt.chunk, (uint32_t)o->opt.topk, (uint32_t)o->nparams};
+  for (int i = 0; i < 6; i++) w_u32(&w, hdr[i]);
+  w_i64(&w, o->step);
+  const int arrays = arrays_per_param(&o->opt);
+  for (int i = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    uint32_t nl = (uint32_t)strlen(p->name);
+    w_u32(&w, nl);
+    w_bytes(&w, p->name, nl);
+    w_u32(&w, (uint32_t)p->ndim);
+    for (int d = 0; d < p->ndim; d++) w_i64(&w, p->shape[d]);
+    for (int a = 0; a < arrays; a++) w_bytes(&w, *param_array(p, &o->opt, a), sizeof(float) * (size_t)p->numel);
+  }
+  uint32_t crc = w.crc;
+  w_bytes(&w, &crc, 4);
+  if (w.err) DISTRO_FAIL(DISTRO_ERR_IO, "writing '%s': %s", tmp, strerror(w.err));
+  if (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0)
+    DISTRO_FAIL(DISTRO_ERR_IO, "flushing '%s': %s", tmp, strerror(errno));
+  FILE *f = w.f;
+  w.f = NULL;
+  if (fclose(f) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "closing '%s': %s", tmp, strerror(errno));
+  if (rename(tmp, path) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "renaming '%s' to '%s': %s", tmp, path, strerror(errno));
+  free(tmp);
+  return DISTRO_OK;
+fail:
+  if (w.f) fclose(w.f);
+  if (fd >= 0) close(fd);
+  if (tmp) {
+    unlink(tmp);
+    free(tmp);
+  }
+  return st;
+}
+
+typedef struct {
+  FILE *f;
+  uint32_t crc;
+  const char *path;
+} reader;
+
+static distro_status r_bytes(reader *r, void *p, size_t n) {
+  if (n == 0) return DISTRO_OK;
+  if (fread(p, 1, n, r->f) != n)
+    return distro__fail(DISTRO_ERR_IO, "'%s' is truncated or unreadable", r->path);
+  r->crc = distro__crc32c_update(r->crc, p, n);
+  return DISTRO_OK;
+}
+
+distro_status distro_optim_load(distro_optim *o, const char *path) {
+  distro_status st = DISTRO_OK;
+  reader r = {0};
+  float **fresh = NULL;
+  int nfresh = 0;
+  if (!o || !path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_load: NULL argument");
+  DISTRO_CHECK(distro__optim_prepare(o));
+  r.path = path;
+  r.f = fopen(path, "rb");
+  if (!r.f) DISTRO_FAIL(DISTRO_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+  char magic[8];
+  uint32_t version, hdr[6];
+  int64_t step;
+  DISTRO_CHECK(r_bytes(&r, magic, 8));
+  if (memcmp(magic, STATE_MAGIC, 8) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s' is not a distro optimizer state file", path);
+  DISTRO_CHECK(r_bytes(&r, &version, 4));
+  if (version != STATE_VERSION) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': unsupported state version %u", path, version);
+  for (int i = 0; i < 6; i++) DISTRO_CHECK(r_bytes(&r, &hdr[i], 4));
+  DISTRO_CHECK(r_bytes(&r, &step, 8));
+  if (hdr[0] != (uint32_t)o->opt.algorithm || hdr[1] != (uint32_t)o->opt.update)
+    DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved by a different algorithm or update rule", path);
+  if (o->opt.algorithm == DISTRO_ALG_DEMO && (hdr[3] != (uint32_t)o->opt.chunk || hdr[4] != (uint32_t)o->opt.topk))
+    DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved with chunk %u topk %u, this optimizer uses %d and %d", path, hdr[3],
+                hdr[4], o->opt.chunk, o->opt.topk);
+  if (hdr[5] != (uint32_t)o->nparams)
+    DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' holds %u tensors, this optimizer has %d", path, hdr[5], o->nparams);
+  if (step < 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': negative step count", path);
+  const int arrays = arrays_per_param(&o->opt);
+  fresh = calloc((size_t)o->nparams * (size_t)arrays, sizeof *fresh);
+  if (!fresh) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    uint32_t nl, nd;
+    char name[256];
+    DISTRO_CHECK(r_bytes(&r, &nl, 4));
+    if (nl == 0 || nl > 255) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt tensor name length", path);
+    DISTRO_CHECK(r_bytes(&r, name, nl));
+    name[nl] = 0;
+    if (strcmp(name, p->name) != 0)
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor #%d is '%s', this optimizer has '%s'", path, i, name, p->name);
+    DISTRO_CHECK(r_bytes(&r, &nd, 4));
+    if (nd != (uint32_t)p->ndim) DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' has %u dims, expected %d", path, name, nd, p->ndim);
+    for (int d = 0; d < p->ndim; d++) {
+      int64_t e;
+      DISTRO_CHECK(r_bytes(&r, &e, 8));
+      if (e != p->shape[d])
+        DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' dim %d is %lld, expected %lld", path, name, d, (long long)e,
+                    (long long)p->shape[d]);
+    }
+    for (int a = 0; a < arrays; a++) {
+      float *buf = malloc(sizeof(float) * (size_t)(p->numel ? p->numel : 1));
+      if (!buf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", name);
+      fresh[nfresh++] = buf;
+      DISTRO_CHECK(r_bytes(&r, buf, sizeof(float) * (size_t)p->numel));
+    }
+  }
+  uint32_t want = r.crc, got;
+  DISTRO_CHECK(r_bytes(&r, &got, 4));
+  if (got != want) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': checksum mismatch (file corrupt)", path);
+  if (fgetc(r.f) != EOF) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': trailing bytes after the checksum", path);
+  /* Everything checked: swap the fresh arrays in. */
+  for (int i = 0, n = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    for (int a = 0; a < arrays; a++, n++) {
+      float **slot = param_array(p, &o->opt, a);
+      free(*slot);
+      *slot = fresh[n];
+      fresh[n] = NULL;
+    }
+  }
+  o->step = step;
+  fclose(r.f);
+  free(fresh);
+  return DISTRO_OK;
+fail:
+  if (r.f) fclose(r.f);
+  for (int i = 0; i < nfresh; i++) free(fresh[i]);
+  free(fresh);
+  return st;
+}
