@@ -1,0 +1,84 @@
+# distro: the two commands of the README and a few helpers.
+#
+#   make demo      install missing Debian packages, build, run the demo
+#   make test      install missing Debian packages, build, run every test
+#   make bench     build and run the benchmarks in build/bench/
+#   make install PREFIX=/opt/distro
+#   make clean
+#
+# Variables: BUILD (build dir), PREFIX, JOBS, WERROR (ON when CI is set),
+# CMAKE_FLAGS (extra configure flags), CTEST_FLAGS.
+
+BUILD       ?= build
+PREFIX      ?= /usr/local
+JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
+WERROR      ?= $(if $(CI),ON,OFF)
+CMAKE       ?= cmake
+CTEST       ?= ctest
+CMAKE_FLAGS ?=
+CTEST_FLAGS ?=
+
+# Everything the build, the tests and the demo use, on Debian 12.
+DEBIAN_PACKAGES := cmake gcc g++ make pkg-config libopenblas-dev libfftw3-dev \
+                   libopenmpi-dev openmpi-bin libzmq3-dev libcriterion-dev \
+                   gnuplot-nox fortunes clang libclang-rt-14-dev
+
+# Targets run one after another, in the order given (deps before build).
+.NOTPARALLEL:
+MAKEFLAGS += --no-print-directory
+.PHONY: all deps configure build test demo bench install clean
+
+all: build
+
+deps:
+	@if ! command -v dpkg-query >/dev/null 2>&1; then \
+	  echo "deps: not a Debian system; make sure these (or equivalents) are installed:"; \
+	  echo "  $(DEBIAN_PACKAGES)"; exit 0; \
+	fi; \
+	missing=""; \
+	for p in $(DEBIAN_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' \
+	    || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; exit 0; fi; \
+	echo "deps: missing:$$missing"; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  set -e; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update; \
+	  apt-get install -y --no-install-recommends $$missing; \
+	else \
+	  echo "deps: not root; install them with:"; \
+	  echo "  sudo apt-get install -y$$missing"; \
+	  exit 1; \
+	fi
+
+configure:
+	$(CMAKE) -S . -B $(BUILD) -DDISTRO_WERROR=$(WERROR) $(CMAKE_FLAGS)
+
+build: configure
+	$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+test: deps build
+	$(CTEST) --test-dir $(BUILD) --output-on-failure $(CTEST_FLAGS)
+
+demo: deps build
+	@if [ ! -x $(BUILD)/tools/distro-demo ]; then \
+	  echo "demo: $(BUILD)/tools/distro-demo was not built (is tools/ part of this checkout?)" >&2; \
+	  exit 1; \
+	fi
+	$(BUILD)/tools/distro-demo
+
+bench: build
+	@found=0; \
+	for b in $(BUILD)/bench/bench_*; do \
+	  [ -f "$$b" ] && [ -x "$$b" ] || continue; \
+	  found=1; echo "== $$b"; "$$b" || exit 1; \
+	done; \
+	if [ $$found = 0 ]; then echo "bench: no benchmarks in $(BUILD)/bench/" >&2; exit 1; fi
+
+install: build
+	$(CMAKE) --install $(BUILD) --prefix $(PREFIX)
+
+clean:
+	rm -rf $(BUILD)
