@@ -1,0 +1,267 @@
+/* Bad input gets a clear error and changes nothing, on every rank. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <distro/distro.h>
+#include "comm/comm_internal.h"
+#include "testutil.h"
+
+#define MAXR 4
+#define NT 3
+static const int64_t shapes[NT][2] = {{96, 128}, {64, 1}, {50, 67}};
+static const int ndims[NT] = {2, 1, 2};
+
+typedef struct {
+  distro_options opt;
+  uint64_t seed;
+  int bad_rank;       /* rank whose gradient turns NaN at step `bad_step` */
+  int bad_step;
+  int corrupt_rank;   /* rank whose payload gets a flipped byte at bad_step */
+  int skip_bad_step;  /* control run: leave the bad step out entirely */
+  int nsteps;
+  float *out[MAXR];   /* final parameters per rank */
+  distro_status st_bad[MAXR];
+  char msg[MAXR][512];
+} run_cfg;
+
+/* A communicator that wraps another and corrupts one rank's slot on request. */
+typedef struct {
+  distro_comm *inner;
+  int corrupt_rank, armed;
+} corrupting;
+
+static distro_status corrupt_allgather(distro_comm *c, const void *send, size_t bytes, void *recv) {
+  corrupting *k = c->impl;
+  distro_status st = k->inner->ops->allgather(k->inner, send, bytes, recv);
+  if (st == DISTRO_OK && k->armed) ((uint8_t *)recv)[(size_t)k->corrupt_rank * bytes + bytes / 2] ^= 0x10;
+  return st;
+}
+static distro_status corrupt_allreduce(distro_comm *c, float *b, size_t n) {
+  corrupting *k = c->impl;
+  return k->inner->ops->allreduce_sum(k->inner, b, n);
+}
+static distro_status corrupt_barrier(distro_comm *c) {
+  corrupting *k = c->impl;
+  return k->inner->ops->barrier(k->inner);
+}
+static const distro__comm_ops corrupt_ops = {"corrupting", corrupt_allgather, corrupt_allreduce, corrupt_barrier, NULL};
+
+static size_t numel(int i) { return (size_t)(shapes[i][0] * (ndims[i] == 2 ? shapes[i][1] : 1)); }
+
+static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
+  run_cfg *cfg = arg;
+  corrupting k = {comm, cfg->corrupt_rank, 0};
+  distro_comm wrapped = {&corrupt_ops, comm->rank, comm->size, &k};
+  float *p[NT], *g[NT];
+  distro_optim *o = NULL;
+  cr_assert_eq(distro_optim_create(&cfg->opt, &wrapped, &o), DISTRO_OK);
+  tu_rng init = {cfg->seed};
+  size_t total = 0;
+  for (int i = 0; i < NT; i++) {
+    p[i] = malloc(numel(i) * sizeof(float));
+    g[i] = malloc(numel(i) * sizeof(float));
+    tu_fill_normal(&init, p[i], numel(i), 1.0f); /* same on every rank */
+    char name[16];
+    snprintf(name, sizeof name, "t%d", i);
+    cr_assert_eq(distro_optim_add_param(o, name, p[i], g[i], ndims[i], shapes[i]), DISTRO_OK);
+    total += numel(i);
+  }
+  for (int s = 0; s < cfg->nsteps; s++) {
+    const int bad = s == cfg->bad_step;
+    if (bad && cfg->skip_bad_step) continue;
+    tu_rng r = {cfg->seed * 31 + (uint64_t)(s * MAXR + rank) + 1};
+    for (int i = 0; i < NT; i++) tu_fill_normal(&r, g[i], numel(i), 1.0f);
+    if (bad && rank == cfg->bad_rank) g[2][7] = NAN;
+    k.armed = bad && cfg->corrupt_rank >= 0;
+    distro_status st = distro_optim_step(o, 0.01f, NULL);
+    if (bad) {
+      cfg->st_bad[rank] = st;
+      snprintf(cfg->msg[rank], sizeof cfg->msg[rank], "%s", distro_last_error());
+    } else {
+      cr_assert_eq(st, DISTRO_OK, "rank %d step %d: %s", rank, s, distro_last_error());
+    }
+  }
+  cfg->out[rank] = malloc(total * sizeof(float));
+  for (int i = 0, off = 0; i < NT; off += (int)numel(i), i++) memcpy(cfg->out[rank] + off, p[i], numel(i) * sizeof(float));
+  for (int i = 0; i < NT; i++) {
+    free(p[i]);
+    free(g[i]);
+  }
+  distro_optim_free(o);
+  return DISTRO_OK;
+}
+
+static size_t total_numel(void) {
+  size_t t = 0;
+  for (int i = 0; i < NT; i++) t += numel(i);
+  return t;
+}
+
+/* Runs with a failing step and without it; final parameters must match. */
+static void failed_step_changes_nothing(distro_options opt, int world, int bad_rank, int corrupt_rank,
+                                        distro_status want, const char *want_in_msg) {
+  run_cfg a = {.opt = opt, .seed = tu_seed(), .bad_rank = bad_rank, .bad_step = 2, .corrupt_rank = corrupt_rank,
+               .nsteps = 4};
+  run_cfg b = a;
+  b.skip_bad_step = 1;
+  cr_assert_eq(distro_comm_run_local(world, rank_main, &a), DISTRO_OK);
+  cr_assert_eq(distro_comm_run_local(world, rank_main, &b), DISTRO_OK);
+  for (int r = 0; r < world; r++) {
+    cr_expect_eq(a.st_bad[r], want, "rank %d got %s: %s", r, distro_status_string(a.st_bad[r]), a.msg[r]);
+    cr_expect(strstr(a.msg[r], want_in_msg) != NULL, "rank %d message '%s' lacks '%s'", r, a.msg[r], want_in_msg);
+    cr_expect(memcmp(a.out[r], b.out[r], total_numel() * sizeof(float)) == 0,
+              "rank %d: the failed step changed parameters or optimizer state", r);
+    cr_expect(memcmp(a.out[r], a.out[0], total_numel() * sizeof(float)) == 0, "rank %d diverged from rank 0", r);
+  }
+  for (int r = 0; r < world; r++) {
+    free(a.out[r]);
+    free(b.out[r]);
+  }
+}
+
+Test(errors, nonfinite_gradient_demo) {
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.topk = 4;
+  failed_step_changes_nothing(o, 3, 1, -1, DISTRO_ERR_NONFINITE, "rank 1");
+  o.update = DISTRO_UPDATE_ADAMW;
+  failed_step_changes_nothing(o, 2, 0, -1, DISTRO_ERR_NONFINITE, "'t2'");
+}
+
+Test(errors, nonfinite_gradient_adamw_baseline) {
+  distro_options o = distro_options_default(DISTRO_ALG_ADAMW);
+  failed_step_changes_nothing(o, 3, 2, -1, DISTRO_ERR_NONFINITE, "non-finite");
+  failed_step_changes_nothing(o, 1, 0, -1, DISTRO_ERR_NONFINITE, "'t2'");
+}
+
+Test(errors, corrupt_peer_payload) {
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.topk = 8;
+  failed_step_changes_nothing(o, 3, -1, 1, DISTRO_ERR_PAYLOAD, "rank 1");
+  o.values = DISTRO_VALUES_SIGN1;
+  failed_step_changes_nothing(o, 4, -1, 3, DISTRO_ERR_PAYLOAD, "rank 3");
+}
+
+/* ---- argument checks ------------------------------------------------------ */
+
+static distro_comm *solo(void) {
+  distro_comm *c[1];
+  cr_assert_eq(distro_comm_local_group(1, c), DISTRO_OK);
+  return c[0];
+}
+
+#define EXPECT_INVALID(expr)                                                               \
+  do {                                                                                     \
+    distro_status s_ = (expr);                                                             \
+    cr_expect_eq(s_, DISTRO_ERR_INVALID, #expr " gave %s", distro_status_string(s_));      \
+    cr_expect(strlen(distro_last_error()) > 0, #expr " left no message");                  \
+  } while (0)
+
+Test(errors, bad_options) {
+  distro_comm *c = solo();
+  distro_optim *o = (distro_optim *)0x1;
+  distro_options opt = distro_options_default(DISTRO_ALG_DEMO);
+  EXPECT_INVALID(distro_optim_create(NULL, c, &o));
+  cr_expect_null(o);
+  EXPECT_INVALID(distro_optim_create(&opt, NULL, &o));
+  EXPECT_INVALID(distro_optim_create(&opt, c, NULL));
+  distro_options b = opt;
+  b.chunk = 0;
+  EXPECT_INVALID(distro_optim_create(&b, c, &o));
+  cr_expect(strstr(distro_last_error(), "chunk") != NULL);
+  b = opt;
+  b.topk = -3;
+  EXPECT_INVALID(distro_optim_create(&b, c, &o));
+  cr_expect(strstr(distro_last_error(), "topk") != NULL);
+  b = opt;
+  b.compression_decay = 1.0f;
+  EXPECT_INVALID(distro_optim_create(&b, c, &o));
+  b.compression_decay = -0.1f;
+  EXPECT_INVALID(distro_optim_create(&b, c, &o));
+  b = opt;
+  b.version = 99;
+  EXPECT_INVALID(distro_optim_create(&b, c, &o));
+  b = opt;
+  b.lr = NAN;
+  EXPECT_INVALID(distro_optim_create(&b, c, &o));
+  b = opt;
+  b.values = (distro_values)7;
+  EXPECT_INVALID(distro_optim_create(&b, c, &o));
+  cr_expect_eq(distro_comm_local_group(0, NULL), DISTRO_ERR_INVALID);
+  distro_comm_free(c);
+}
+
+Test(errors, bad_params_and_order) {
+  distro_comm *c = solo();
+  distro_options opt = distro_options_default(DISTRO_ALG_DEMO);
+  distro_optim *o;
+  cr_assert_eq(distro_optim_create(&opt, c, &o), DISTRO_OK);
+  float p[64] = {0}, g[64] = {0};
+  int64_t sh[2] = {8, 8}, zero[2] = {8, 0}, neg[1] = {-4};
+  EXPECT_INVALID(distro_optim_step(o, 0.1f, NULL)); /* nothing registered */
+  EXPECT_INVALID(distro_optim_add_param(o, NULL, p, g, 2, sh));
+  EXPECT_INVALID(distro_optim_add_param(o, "w", NULL, g, 2, sh));
+  EXPECT_INVALID(distro_optim_add_param(o, "w", p, NULL, 2, sh));
+  EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 2, NULL));
+  EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 0, sh));
+  EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 2, zero));
+  EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 1, neg));
+  cr_assert_eq(distro_optim_add_param(o, "w", p, g, 2, sh), DISTRO_OK);
+  EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 2, sh));
+  cr_expect(strstr(distro_last_error(), "duplicate") != NULL);
+  EXPECT_INVALID(distro_optim_step(o, NAN, NULL));
+  EXPECT_INVALID(distro_optim_step(o, -1.0f, NULL));
+  EXPECT_INVALID(distro_optim_step(NULL, 0.1f, NULL));
+  for (int i = 0; i < 64; i++) g[i] = (float)i - 30.0f;
+  cr_assert_eq(distro_optim_step(o, 0.1f, NULL), DISTRO_OK);
+  EXPECT_INVALID(distro_optim_add_param(o, "late", p, g, 2, sh));
+  cr_expect(strstr(distro_last_error(), "frozen") != NULL);
+  distro_optim_free(o);
+  distro_optim_free(NULL);
+  distro_comm_free(c);
+  distro_comm_free(NULL);
+  cr_expect_str_eq(distro_status_string(DISTRO_ERR_PAYLOAD), "corrupt payload");
+  cr_expect_str_eq(distro_status_string((distro_status)123), "unknown status");
+}
+
+/* ---- mismatched tensor lists ---------------------------------------------- */
+
+typedef struct {
+  distro_status st[MAXR];
+  char msg[MAXR][512];
+  int variant; /* 0: shape differs on rank 2; 1: extra tensor on rank 1; 2: topk differs on rank 1 */
+} sig_cfg;
+
+static distro_status sig_rank(distro_comm *comm, int rank, void *arg) {
+  sig_cfg *cfg = arg;
+  distro_options opt = distro_options_default(DISTRO_ALG_DEMO);
+  if (cfg->variant == 2 && rank == 1) opt.topk = 16;
+  distro_optim *o;
+  cr_assert_eq(distro_optim_create(&opt, comm, &o), DISTRO_OK);
+  static float dummy[4][4096];
+  float *p = dummy[rank];
+  float g[4096] = {0};
+  int64_t a[2] = {64, 64}, b[2] = {32, 64}, bb[2] = {cfg->variant == 0 && rank == 2 ? 64 : 32, 32};
+  distro_optim_add_param(o, "embed", p, g, 2, a);
+  distro_optim_add_param(o, "attn.w", p, g, 2, b);
+  distro_optim_add_param(o, "mlp.w", p, g, 2, bb);
+  if (cfg->variant == 1 && rank == 1) distro_optim_add_param(o, "extra", p, g, 2, b);
+  cfg->st[rank] = distro_optim_step(o, 0.1f, NULL);
+  snprintf(cfg->msg[rank], sizeof cfg->msg[rank], "%s", distro_last_error());
+  distro_optim_free(o);
+  return DISTRO_OK;
+}
+
+Test(errors, mismatched_tensor_lists) {
+  for (int v = 0; v < 3; v++) {
+    sig_cfg cfg = {.variant = v};
+    cr_assert_eq(distro_comm_run_local(3, sig_rank, &cfg), DISTRO_OK);
+    for (int r = 0; r < 3; r++) {
+      cr_expect_eq(cfg.st[r], DISTRO_ERR_SHAPE, "variant %d rank %d: %s", v, r, cfg.msg[r]);
+      if (v == 0) cr_expect(strstr(cfg.msg[r], "mlp.w") != NULL, "message names the tensor: %s", cfg.msg[r]);
+      if (v == 1) cr_expect(strstr(cfg.msg[r], "#3") != NULL, "message names the tensor: %s", cfg.msg[r]);
+    }
+  }
+}

@@ -1,0 +1,187 @@
+/* Save/load: round trip, atomicity and every rejection leaves state as it was. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <distro/distro.h>
+#include "testutil.h"
+
+#define N1 (96 * 64)
+#define N2 100
+
+typedef struct {
+  distro_comm *comm;
+  distro_optim *o;
+  float p1[N1], g1[N1], p2[N2], g2[N2];
+} model;
+
+static model *model_new(distro_options opt, int64_t rows) {
+  model *m = calloc(1, sizeof *m);
+  distro_comm *c[1];
+  cr_assert_eq(distro_comm_local_group(1, c), DISTRO_OK);
+  m->comm = c[0];
+  cr_assert_eq(distro_optim_create(&opt, m->comm, &m->o), DISTRO_OK);
+  int64_t s1[2] = {rows, N1 / rows}, s2[1] = {N2};
+  cr_assert_eq(distro_optim_add_param(m->o, "w", m->p1, m->g1, 2, s1), DISTRO_OK);
+  cr_assert_eq(distro_optim_add_param(m->o, "b", m->p2, m->g2, 1, s2), DISTRO_OK);
+  return m;
+}
+
+static void model_free(model *m) {
+  distro_optim_free(m->o);
+  distro_comm_free(m->comm);
+  free(m);
+}
+
+static void steps(model *m, uint64_t seed, int from, int to) {
+  for (int s = from; s < to; s++) {
+    tu_rng r = {seed + (uint64_t)s};
+    tu_fill_normal(&r, m->g1, N1, 1.0f);
+    tu_fill_normal(&r, m->g2, N2, 1.0f);
+    cr_assert_eq(distro_optim_step(m->o, 0.01f, NULL), DISTRO_OK, "%s", distro_last_error());
+  }
+}
+
+static void same_params(const model *a, const model *b, const char *what) {
+  cr_expect(memcmp(a->p1, b->p1, sizeof a->p1) == 0 && memcmp(a->p2, b->p2, sizeof a->p2) == 0, "%s", what);
+}
+
+static char path[256];
+static void tmp_path(void) { snprintf(path, sizeof path, "/tmp/distro_state_%d.bin", (int)getpid()); }
+
+static void round_trip(distro_options opt) {
+  tmp_path();
+  uint64_t seed = tu_seed();
+  model *a = model_new(opt, 96), *b = model_new(opt, 96);
+  steps(a, seed, 0, 3);
+  cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK, "%s", distro_last_error());
+  memcpy(b->p1, a->p1, sizeof a->p1);
+  memcpy(b->p2, a->p2, sizeof a->p2);
+  cr_assert_eq(distro_optim_load(b->o, path), DISTRO_OK, "%s", distro_last_error());
+  steps(a, seed, 3, 6);
+  steps(b, seed, 3, 6);
+  same_params(a, b, "resumed run differs from the uninterrupted one");
+  char tmpname[300];
+  snprintf(tmpname, sizeof tmpname, "%s.tmp.%d", path, (int)getpid());
+  cr_expect(access(tmpname, F_OK) != 0, "temporary file left behind");
+  unlink(path);
+  model_free(a);
+  model_free(b);
+}
+
+Test(state_io, round_trip_all_modes) {
+  distro_options d = distro_options_default(DISTRO_ALG_DEMO);
+  d.topk = 8;
+  round_trip(d);
+  d.update = DISTRO_UPDATE_ADAMW;
+  round_trip(d);
+  round_trip(distro_options_default(DISTRO_ALG_ADAMW));
+}
+
+/* A rejected load must leave the optimizer exactly as it was: b continues in
+ * lockstep with a. */
+static void rejected_load(const char *file, distro_status want, const char *what) {
+  distro_options opt = distro_options_default(DISTRO_ALG_DEMO);
+  opt.update = DISTRO_UPDATE_ADAMW;
+  uint64_t seed = tu_seed();
+  model *a = model_new(opt, 96), *b = model_new(opt, 96);
+  steps(a, seed, 0, 2);
+  steps(b, seed, 0, 2);
+  distro_status st = distro_optim_load(b->o, file);
+  cr_expect_eq(st, want, "%s: got %s (%s)", what, distro_status_string(st), distro_last_error());
+  cr_expect(strlen(distro_last_error()) > 0);
+  steps(a, seed, 2, 4);
+  steps(b, seed, 2, 4);
+  same_params(a, b, what);
+  model_free(a);
+  model_free(b);
+}
+
+static long file_size(const char *f) {
+  FILE *fp = fopen(f, "rb");
+  fseek(fp, 0, SEEK_END);
+  long n = ftell(fp);
+  fclose(fp);
+  return n;
+}
+
+Test(state_io, rejections_leave_state_untouched) {
+  tmp_path();
+  distro_options opt = distro_options_default(DISTRO_ALG_DEMO);
+  opt.update = DISTRO_UPDATE_ADAMW;
+  model *a = model_new(opt, 96);
+  steps(a, 7, 0, 3);
+  cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK);
+  long n = file_size(path);
+  char bad[300];
+  snprintf(bad, sizeof bad, "%s.bad", path);
+
+  rejected_load("/nonexistent/dir/file", DISTRO_ERR_IO, "missing file");
+  /* truncated */
+  FILE *in = fopen(path, "rb");
+  char *buf = malloc((size_t)n);
+  cr_assert_eq(fread(buf, 1, (size_t)n, in), (size_t)n);
+  fclose(in);
+  const long cuts[] = {0, 10, n / 2, n - 1};
+  for (int i = 0; i < 4; i++) {
+    FILE *f = fopen(bad, "wb");
+    fwrite(buf, 1, (size_t)cuts[i], f);
+    fclose(f);
+    rejected_load(bad, DISTRO_ERR_IO, "truncated file");
+  }
+  /* one flipped bit, in the header, a name and the data */
+  const long at[] = {9, 50, n / 2, n - 2};
+  for (int i = 0; i < 4; i++) {
+    buf[at[i]] ^= 0x04;
+    FILE *f = fopen(bad, "wb");
+    fwrite(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[at[i]] ^= 0x04;
+    distro_options o2 = opt;
+    (void)o2;
+    model *b = model_new(opt, 96);
+    distro_status st = distro_optim_load(b->o, bad);
+    cr_expect(st == DISTRO_ERR_IO || st == DISTRO_ERR_SHAPE, "flip at %ld accepted", at[i]);
+    model_free(b);
+  }
+  rejected_load(bad, DISTRO_ERR_IO, "corrupted data");
+  free(buf);
+  unlink(bad);
+  model_free(a);
+
+  /* a file from a different model shape */
+  model *c = model_new(opt, 64);
+  steps(c, 9, 0, 1);
+  cr_assert_eq(distro_optim_save(c->o, path), DISTRO_OK);
+  model_free(c);
+  rejected_load(path, DISTRO_ERR_SHAPE, "different shape");
+  /* a file from a different algorithm */
+  distro_options other = distro_options_default(DISTRO_ALG_ADAMW);
+  model *d = model_new(other, 96);
+  steps(d, 9, 0, 1);
+  cr_assert_eq(distro_optim_save(d->o, path), DISTRO_OK);
+  model_free(d);
+  rejected_load(path, DISTRO_ERR_SHAPE, "different algorithm");
+  unlink(path);
+}
+
+Test(state_io, save_replaces_atomically_and_reports_bad_paths) {
+  tmp_path();
+  distro_options opt = distro_options_default(DISTRO_ALG_DEMO);
+  model *a = model_new(opt, 96);
+  steps(a, 3, 0, 1);
+  cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK);
+  steps(a, 3, 1, 2);
+  cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK); /* overwrite */
+  model *b = model_new(opt, 96);
+  cr_assert_eq(distro_optim_load(b->o, path), DISTRO_OK);
+  cr_expect_eq(distro_optim_save(a->o, "/nonexistent/dir/state.bin"), DISTRO_ERR_IO);
+  cr_expect(strstr(distro_last_error(), "/nonexistent/dir") != NULL);
+  cr_expect_eq(distro_optim_save(NULL, path), DISTRO_ERR_INVALID);
+  cr_expect_eq(distro_optim_load(b->o, NULL), DISTRO_ERR_INVALID);
+  unlink(path);
+  model_free(a);
+  model_free(b);
+}
