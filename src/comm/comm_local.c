@@ -1,0 +1,313 @@
+/* In-process communicator: `world` ranks in one process, one thread each.
+ *
+ * Every collective runs the same protocol on a group shared by all ranks:
+ * each rank publishes what it is doing (operation, pointers, size) into its
+ * own slot, waits at a barrier, then reads the other ranks' slots. Because
+ * every rank reads the same slots it reaches the same verdict on a mismatch,
+ * so all ranks fail together instead of some hanging or reading past a
+ * peer's buffer. A closing barrier keeps every buffer alive and every slot
+ * unchanged until all ranks are done reading them. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_internal.h"
+#include "common/error.h"
+
+typedef enum { OP_ALLGATHER, OP_ALLREDUCE, OP_BARRIER } local_op;
+
+static const char *op_name(local_op op) {
+  switch (op) {
+    case OP_ALLGATHER: return "allgather";
+    case OP_ALLREDUCE: return "allreduce_sum";
+    case OP_BARRIER: return "barrier";
+  }
+  return "?";
+}
+
+typedef struct {
+  local_op op;
+  const void *send; /* allgather: this rank's send buffer; allreduce: its buf */
+  size_t n;         /* bytes (allgather) or floats (allreduce) */
+  float *part;      /* allreduce: this rank's reduced slice */
+  int ok;           /* 0 if this rank could not take part (no memory) */
+} local_slot;
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int world;
+  int refs;              /* comms still holding the group */
+  int arrived;           /* ranks waiting at the current barrier */
+  unsigned long gen;     /* barrier generation, so a fast rank cannot
+                            slip through the next barrier early */
+  local_slot *slots;     /* one per rank; written only by its owner */
+} local_group;
+
+static void group_wait(local_group *g) {
+  pthread_mutex_lock(&g->mu);
+  unsigned long gen = g->gen;
+  if (++g->arrived == g->world) {
+    g->arrived = 0;
+    g->gen++;
+    pthread_cond_broadcast(&g->cv);
+  } else {
+    while (gen == g->gen) pthread_cond_wait(&g->cv, &g->mu);
+  }
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void group_release(local_group *g) {
+  pthread_mutex_lock(&g->mu);
+  int last = --g->refs == 0;
+  pthread_mutex_unlock(&g->mu);
+  if (!last) return;
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+  free(g->slots);
+  free(g);
+}
+
+/* Publishes this rank's slot and waits for everyone. Then checks that all
+ * ranks run the same operation on the same size; every rank sees the same
+ * slots, so every rank returns the same status. */
+static distro_status publish_and_check(distro_comm *c, local_slot s) {
+  local_group *g = c->impl;
+  g->slots[c->rank] = s;
+  group_wait(g);
+  const local_slot *sl = g->slots;
+  for (int r = 0; r < g->world; r++) {
+    if (sl[r].op != sl[0].op)
+      return distro__fail(DISTRO_ERR_COMM,
+                          "local comm: rank %d called %s while rank 0 called %s",
+                          r, op_name(sl[r].op), op_name(sl[0].op));
+  }
+  for (int r = 0; r < g->world; r++) {
+    if (sl[r].n != sl[0].n)
+      return distro__fail(DISTRO_ERR_COMM,
+                          "local comm %s: rank %d passed %zu %s but rank 0 passed %zu",
+                          op_name(s.op), r, sl[r].n,
+                          s.op == OP_ALLGATHER ? "bytes" : "floats", sl[0].n);
+  }
+  for (int r = 0; r < g->world; r++) {
+    if (!sl[r].ok)
+      return distro__fail(r == c->rank ? DISTRO_ERR_NOMEM : DISTRO_ERR_COMM,
+                          "local comm %s: rank %d could not allocate its buffer",
+                          op_name(s.op), r);
+  }
+  return DISTRO_OK;
+}
+
+static distro_status local_allgather(distro_comm *c, const void *send, size_t bytes,
+                                     void *recv) {
+  local_group *g = c->impl;
+  local_slot s = {.op = OP_ALLGATHER, .send = send, .n = bytes, .ok = 1};
+  distro_status st = publish_and_check(c, s);
+  if (st == DISTRO_OK && bytes) {
+    for (int r = 0; r < g->world; r++)
+      memcpy((char *)recv + (size_t)r * bytes, g->slots[r].send, bytes);
+  }
+  group_wait(g); /* peers may still be reading our send buffer */
+  return st;
+}
+
+/* Rank r reduces elements [r*n/W, (r+1)*n/W) over ranks 0..W-1 in rank
+ * order, so each element is summed in one fixed order whichever thread runs
+ * first; then every rank copies all reduced slices into its own buffer. The
+ * slices are private temporaries, so no rank overwrites a buffer a peer is
+ * still reading. */
+static size_t slice_lo(size_t n, int r, int world) {
+  /* n*r/W without overflowing n*r. */
+  return (n / (size_t)world) * (size_t)r + (n % (size_t)world) * (size_t)r / (size_t)world;
+}
+
+static distro_status local_allreduce_sum(distro_comm *c, float *buf, size_t count) {
+  local_group *g = c->impl;
+  const int W = g->world, me = c->rank;
+  size_t lo = slice_lo(count, me, W), hi = slice_lo(count, me + 1, W);
+  float *part = hi > lo ? malloc((hi - lo) * sizeof *part) : NULL;
+  local_slot s = {.op = OP_ALLREDUCE, .send = buf, .n = count, .part = part,
+                  .ok = hi == lo || part != NULL};
+  distro_status st = publish_and_check(c, s);
+  if (st != DISTRO_OK) {
+    group_wait(g); /* same barrier count as the success path */
+    free(part);
+    return st;
+  }
+  if (hi > lo) {
+    const float *b0 = g->slots[0].send;
+    memcpy(part, b0 + lo, (hi - lo) * sizeof *part);
+    for (int r = 1; r < W; r++) {
+      const float *br = g->slots[r].send;
+      for (size_t i = lo; i < hi; i++) part[i - lo] += br[i];
+    }
+  }
+  group_wait(g); /* all slices reduced: nobody reads the input buffers now */
+  for (int r = 0; r < W; r++) {
+    size_t rlo = slice_lo(count, r, W), rhi = slice_lo(count, r + 1, W);
+    if (rhi > rlo) memcpy(buf + rlo, g->slots[r].part, (rhi - rlo) * sizeof *buf);
+  }
+  group_wait(g); /* all slices copied: safe to free ours */
+  free(part);
+  return DISTRO_OK;
+}
+
+static distro_status local_barrier(distro_comm *c) {
+  local_slot s = {.op = OP_BARRIER, .ok = 1};
+  distro_status st = publish_and_check(c, s);
+  group_wait(c->impl); /* slots must stay put until all ranks checked them */
+  return st;
+}
+
+static void local_destroy(distro_comm *c) {
+  if (c->impl) group_release(c->impl);
+  c->impl = NULL;
+}
+
+static const distro__comm_ops local_ops = {
+    .name = "local",
+    .allgather = local_allgather,
+    .allreduce_sum = local_allreduce_sum,
+    .barrier = local_barrier,
+    .destroy = local_destroy,
+};
+
+distro_status distro_comm_local_group(int world, distro_comm **comms) {
+  distro_status st = DISTRO_OK;
+  local_group *g = NULL;
+  distro_comm **tmp = NULL;
+  int made = 0, locks = 0;
+  if (world < 1) DISTRO_FAIL(DISTRO_ERR_INVALID, "distro_comm_local_group: world %d < 1", world);
+  if (!comms) DISTRO_FAIL(DISTRO_ERR_INVALID, "distro_comm_local_group: comms is NULL");
+
+  g = calloc(1, sizeof *g);
+  tmp = calloc((size_t)world, sizeof *tmp);
+  if (!g || !tmp) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: out of memory");
+  g->slots = calloc((size_t)world, sizeof *g->slots);
+  if (!g->slots) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: out of memory");
+  if (pthread_mutex_init(&g->mu, NULL) != 0)
+    DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: pthread_mutex_init failed");
+  locks = 1;
+  if (pthread_cond_init(&g->cv, NULL) != 0)
+    DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: pthread_cond_init failed");
+  locks = 2;
+  g->world = world;
+  for (made = 0; made < world; made++) {
+    distro_comm *c = calloc(1, sizeof *c);
+    if (!c) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: out of memory");
+    *c = (distro_comm){.ops = &local_ops, .rank = made, .size = world, .impl = g};
+    tmp[made] = c;
+  }
+  g->refs = world;
+  /* Written only on success, so a failed call leaves comms untouched. */
+  memcpy(comms, tmp, (size_t)world * sizeof *comms);
+  free(tmp);
+  return DISTRO_OK;
+
+fail:
+  if (tmp)
+    for (int i = 0; i < made; i++) free(tmp[i]); /* not yet holding references */
+  free(tmp);
+  if (g) {
+    if (locks > 1) pthread_cond_destroy(&g->cv);
+    if (locks > 0) pthread_mutex_destroy(&g->mu);
+    free(g->slots);
+    free(g);
+  }
+  return st;
+}
+
+/* run_local: threads wait at a start gate until all of them exist, so if one
+ * cannot be created the others are told to skip fn instead of blocking
+ * forever in a collective with a missing rank. */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int state; /* 0 wait, 1 go, -1 abort */
+  distro_rank_fn fn;
+  void *arg;
+} run_gate;
+
+typedef struct {
+  run_gate *gate;
+  distro_comm *comm;
+  int rank;
+  distro_status st;
+  char msg[512]; /* the rank thread's distro_last_error(), for the caller */
+} run_rank;
+
+static void *run_thread(void *p) {
+  run_rank *rr = p;
+  run_gate *gt = rr->gate;
+  pthread_mutex_lock(&gt->mu);
+  while (gt->state == 0) pthread_cond_wait(&gt->cv, &gt->mu);
+  int go = gt->state > 0;
+  pthread_mutex_unlock(&gt->mu);
+  if (!go) return NULL;
+  rr->st = gt->fn(rr->comm, rr->rank, gt->arg);
+  if (rr->st != DISTRO_OK) {
+    const char *m = distro_last_error();
+    size_t len = strlen(m);
+    if (len >= sizeof rr->msg) len = sizeof rr->msg - 1;
+    memcpy(rr->msg, m, len);
+    rr->msg[len] = '\0';
+  }
+  return NULL;
+}
+
+distro_status distro_comm_run_local(int world, distro_rank_fn fn, void *arg) {
+  if (world < 1)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_comm_run_local: world %d < 1", world);
+  if (!fn) return distro__fail(DISTRO_ERR_INVALID, "distro_comm_run_local: fn is NULL");
+
+  distro_status st = DISTRO_OK;
+  distro_comm **comms = calloc((size_t)world, sizeof *comms);
+  run_rank *ranks = calloc((size_t)world, sizeof *ranks);
+  pthread_t *th = calloc((size_t)world, sizeof *th);
+  run_gate gate = {.state = 0, .fn = fn, .arg = arg};
+  int started = 0, gate_ok = 0;
+  if (!comms || !ranks || !th) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_run_local: out of memory");
+  DISTRO_CHECK(distro_comm_local_group(world, comms));
+  if (pthread_mutex_init(&gate.mu, NULL) != 0)
+    DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_run_local: pthread_mutex_init failed");
+  if (pthread_cond_init(&gate.cv, NULL) != 0) {
+    pthread_mutex_destroy(&gate.mu);
+    DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_run_local: pthread_cond_init failed");
+  }
+  gate_ok = 1;
+
+  for (; started < world; started++) {
+    ranks[started] = (run_rank){.gate = &gate, .comm = comms[started], .rank = started};
+    if (pthread_create(&th[started], NULL, run_thread, &ranks[started]) != 0) break;
+  }
+  pthread_mutex_lock(&gate.mu);
+  gate.state = started == world ? 1 : -1;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.mu);
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  if (started < world)
+    DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_run_local: could not start thread %d of %d",
+                started, world);
+
+  /* Carry the failing rank's message over to the calling thread. */
+  for (int r = 0; r < world; r++) {
+    if (ranks[r].st != DISTRO_OK) {
+      st = distro__fail(ranks[r].st, "rank %d: %s", r,
+                        ranks[r].msg[0] ? ranks[r].msg : distro_status_string(ranks[r].st));
+      break;
+    }
+  }
+
+fail:
+  if (gate_ok) {
+    pthread_cond_destroy(&gate.cv);
+    pthread_mutex_destroy(&gate.mu);
+  }
+  if (comms)
+    for (int i = 0; i < world; i++) distro_comm_free(comms[i]);
+  free(comms);
+  free(ranks);
+  free(th);
+  return st;
+}

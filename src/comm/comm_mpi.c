@@ -1,0 +1,180 @@
+/* MPI communicator: wraps a private duplicate of the caller's MPI_Comm, so
+ * our collectives never interleave with the caller's traffic and our error
+ * handler does not change theirs. */
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <mpi.h>
+
+#include <distro/mpi.h>
+
+#include "comm/comm_internal.h"
+#include "common/error.h"
+
+typedef struct {
+  MPI_Comm comm;
+  /* Largest element count passed to one MPI call. MPI counts are int, so
+   * this is INT_MAX; tests lower it to exercise the large-size paths. */
+  size_t max_count;
+} mpi_impl;
+
+static distro_status mpi_fail(int rc, const char *call) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;
+  msg[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING - 1] = '\0';
+  return distro__fail(DISTRO_ERR_COMM, "%s failed: %s (MPI error %d)", call,
+                      len ? msg : "unknown error", rc);
+}
+
+#define MPI_TRY(call, name)                    \
+  do {                                         \
+    int rc_ = (call);                          \
+    if (rc_ != MPI_SUCCESS) {                  \
+      st = mpi_fail(rc_, name);                \
+      goto fail;                               \
+    }                                          \
+  } while (0)
+
+/* Builds a datatype of exactly `bytes` bytes (extent too), for sizes whose
+ * byte count does not fit in an int: `q` blocks of `blk` bytes followed by
+ * `rem` bytes. With extent == bytes, rank r's block lands at r*bytes. */
+static distro_status make_bytes_type(size_t bytes, size_t blk, MPI_Datatype *out) {
+  distro_status st = DISTRO_OK;
+  MPI_Datatype block = MPI_DATATYPE_NULL, body = MPI_DATATYPE_NULL, raw = MPI_DATATYPE_NULL,
+               whole = MPI_DATATYPE_NULL;
+  size_t q = bytes / blk, rem = bytes % blk;
+  if (q > (size_t)INT_MAX)
+    DISTRO_FAIL(DISTRO_ERR_COMM, "MPI allgather: %zu bytes is too large", bytes);
+  MPI_TRY(MPI_Type_contiguous((int)blk, MPI_BYTE, &block), "MPI_Type_contiguous");
+  MPI_TRY(MPI_Type_contiguous((int)q, block, &body), "MPI_Type_contiguous");
+  if (rem) {
+    int lens[2] = {1, (int)rem};
+    MPI_Aint disp[2] = {0, (MPI_Aint)(q * blk)};
+    MPI_Datatype types[2] = {body, MPI_BYTE};
+    MPI_TRY(MPI_Type_create_struct(2, lens, disp, types, &raw), "MPI_Type_create_struct");
+  } else {
+    MPI_TRY(MPI_Type_dup(body, &raw), "MPI_Type_dup");
+  }
+  /* Pin the extent to `bytes`: no alignment padding may shift later ranks. */
+  MPI_TRY(MPI_Type_create_resized(raw, 0, (MPI_Aint)bytes, &whole), "MPI_Type_create_resized");
+  MPI_TRY(MPI_Type_commit(&whole), "MPI_Type_commit");
+  *out = whole;
+  whole = MPI_DATATYPE_NULL;
+
+fail:
+  if (whole != MPI_DATATYPE_NULL) MPI_Type_free(&whole);
+  if (raw != MPI_DATATYPE_NULL) MPI_Type_free(&raw);
+  if (body != MPI_DATATYPE_NULL) MPI_Type_free(&body);
+  if (block != MPI_DATATYPE_NULL) MPI_Type_free(&block);
+  return st;
+}
+
+static distro_status mpi_allgather(distro_comm *c, const void *send, size_t bytes, void *recv) {
+  distro_status st = DISTRO_OK;
+  mpi_impl *m = c->impl;
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  if (bytes <= m->max_count) {
+    MPI_TRY(MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, m->comm),
+            "MPI_Allgather");
+    return DISTRO_OK;
+  }
+  /* Too many bytes for an int count: send one element of a derived type. */
+  DISTRO_CHECK(make_bytes_type(bytes, m->max_count, &t));
+  MPI_TRY(MPI_Allgather(send, 1, t, recv, 1, t, m->comm), "MPI_Allgather");
+
+fail:
+  if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
+  return st;
+}
+
+/* Not MPI_Allreduce: the standard only recommends, and does not require,
+ * that every rank gets the same bits, and ring/recursive-doubling algorithms
+ * may add in a different order on different ranks. Reducing to rank 0 and
+ * broadcasting its result gives every rank the very same bits. */
+static distro_status mpi_allreduce_sum(distro_comm *c, float *buf, size_t count) {
+  distro_status st = DISTRO_OK;
+  mpi_impl *m = c->impl;
+  for (size_t off = 0; off < count; off += m->max_count) {
+    size_t left = count - off;
+    int n = (int)(left < m->max_count ? left : m->max_count);
+    float *p = buf + off;
+    if (c->rank == 0)
+      MPI_TRY(MPI_Reduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, 0, m->comm), "MPI_Reduce");
+    else
+      MPI_TRY(MPI_Reduce(p, NULL, n, MPI_FLOAT, MPI_SUM, 0, m->comm), "MPI_Reduce");
+    MPI_TRY(MPI_Bcast(p, n, MPI_FLOAT, 0, m->comm), "MPI_Bcast");
+  }
+fail:
+  return st;
+}
+
+static distro_status mpi_barrier(distro_comm *c) {
+  distro_status st = DISTRO_OK;
+  mpi_impl *m = c->impl;
+  MPI_TRY(MPI_Barrier(m->comm), "MPI_Barrier");
+fail:
+  return st;
+}
+
+static void mpi_destroy(distro_comm *c) {
+  mpi_impl *m = c->impl;
+  if (!m) return;
+  int finalized = 1;
+  /* After MPI_Finalize no MPI call but a few queries is allowed. */
+  if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized && m->comm != MPI_COMM_NULL)
+    MPI_Comm_free(&m->comm);
+  free(m);
+  c->impl = NULL;
+}
+
+static const distro__comm_ops mpi_ops = {
+    .name = "mpi",
+    .allgather = mpi_allgather,
+    .allreduce_sum = mpi_allreduce_sum,
+    .barrier = mpi_barrier,
+    .destroy = mpi_destroy,
+};
+
+/* Test hook (internal): lower the per-call element limit of one comm so the
+ * derived-type and chunked paths run on small buffers. */
+void distro__comm_mpi_set_max_count(distro_comm *c, size_t max_count);
+void distro__comm_mpi_set_max_count(distro_comm *c, size_t max_count) {
+  if (c && c->ops == &mpi_ops && max_count >= 1 && max_count <= (size_t)INT_MAX)
+    ((mpi_impl *)c->impl)->max_count = max_count;
+}
+
+distro_status distro_comm_mpi(MPI_Comm mpi, distro_comm **out) {
+  distro_status st = DISTRO_OK;
+  distro_comm *c = NULL;
+  mpi_impl *m = NULL;
+  int init = 0, fin = 0, rank = 0, size = 0;
+  if (!out) DISTRO_FAIL(DISTRO_ERR_INVALID, "distro_comm_mpi: out is NULL");
+  if (MPI_Initialized(&init) != MPI_SUCCESS || !init)
+    DISTRO_FAIL(DISTRO_ERR_INVALID, "distro_comm_mpi: MPI is not initialized");
+  if (MPI_Finalized(&fin) != MPI_SUCCESS || fin)
+    DISTRO_FAIL(DISTRO_ERR_INVALID, "distro_comm_mpi: MPI is already finalized");
+  if (mpi == MPI_COMM_NULL) DISTRO_FAIL(DISTRO_ERR_INVALID, "distro_comm_mpi: MPI_COMM_NULL");
+
+  c = calloc(1, sizeof *c);
+  m = calloc(1, sizeof *m);
+  if (!c || !m) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_mpi: out of memory");
+  m->comm = MPI_COMM_NULL;
+  m->max_count = (size_t)INT_MAX;
+  /* Collective over `mpi`: every rank of it must call distro_comm_mpi. */
+  MPI_TRY(MPI_Comm_dup(mpi, &m->comm), "MPI_Comm_dup");
+  /* Failures come back as codes we turn into DISTRO_ERR_COMM, not aborts. */
+  MPI_TRY(MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  MPI_TRY(MPI_Comm_rank(m->comm, &rank), "MPI_Comm_rank");
+  MPI_TRY(MPI_Comm_size(m->comm, &size), "MPI_Comm_size");
+  *c = (distro_comm){.ops = &mpi_ops, .rank = rank, .size = size, .impl = m};
+  *out = c;
+  return DISTRO_OK;
+
+fail:
+  if (m && m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+  free(m);
+  free(c);
+  return st;
+}

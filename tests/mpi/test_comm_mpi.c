@@ -1,0 +1,242 @@
+/* MPI communicator checks, run as `mpirun -np 3 test_comm_mpi`.
+ *
+ * A plain program rather than Criterion: Criterion forks every test, which
+ * does not mix with MPI. Each entry of `checks` runs on every rank; a check
+ * passes only if it passed on all ranks. Rank 0 prints one line per check
+ * and a final "N passed, N failed"; the exit status is non-zero on failure.
+ * To add a check, write a function with the check_fn signature and append
+ * it to the table. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <mpi.h>
+
+#include <distro/comm.h>
+#include <distro/mpi.h>
+
+#include "testutil.h"
+
+/* Internal test hook from src/comm/comm_mpi.c: lowers the per-call element
+ * limit so the paths for sizes above INT_MAX run on small buffers. */
+void distro__comm_mpi_set_max_count(distro_comm *c, size_t max_count);
+
+typedef struct {
+  distro_comm *comm; /* distro_comm_mpi(MPI_COMM_WORLD) */
+  int rank, size;
+  uint64_t seed; /* same on every rank */
+} check_ctx;
+
+/* Returns 0 when the check passed on this rank. */
+typedef int (*check_fn)(check_ctx *t);
+
+static int failf(check_ctx *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "  [rank %d] ", t->rank);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return 1;
+}
+
+/* ---- checks ------------------------------------------------------------- */
+
+static int check_rank_size(check_ctx *t) {
+  int r, s;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  if (distro_comm_rank(t->comm) != r || distro_comm_size(t->comm) != s)
+    return failf(t, "rank/size %d/%d, MPI says %d/%d", distro_comm_rank(t->comm),
+                 distro_comm_size(t->comm), r, s);
+  return 0;
+}
+
+static int check_invalid_args(check_ctx *t) {
+  distro_comm *c = NULL;
+  if (distro_comm_mpi(MPI_COMM_WORLD, NULL) != DISTRO_ERR_INVALID)
+    return failf(t, "NULL out accepted");
+  if (distro_comm_mpi(MPI_COMM_NULL, &c) != DISTRO_ERR_INVALID || c)
+    return failf(t, "MPI_COMM_NULL accepted");
+  if (!distro_last_error()[0]) return failf(t, "no error message");
+  return 0;
+}
+
+static unsigned char pattern(int rank, size_t n, size_t i) {
+  return (unsigned char)(rank * 37 + n * 11 + i * 7 + (i >> 8));
+}
+
+static int gather_sizes(check_ctx *t, const size_t *sizes, int count) {
+  for (int k = 0; k < count; k++) {
+    size_t n = sizes[k], total = n * (size_t)t->size;
+    unsigned char *send = malloc(n ? n : 1), *recv = malloc(total + 1);
+    if (!send || !recv) return failf(t, "out of memory");
+    for (size_t i = 0; i < n; i++) send[i] = pattern(t->rank, n, i);
+    recv[total] = 0xAB;
+    distro_status st = distro_comm_allgather(t->comm, send, n, recv);
+    int bad = st != DISTRO_OK ? failf(t, "allgather %zu bytes: %s", n, distro_last_error()) : 0;
+    for (int r = 0; !bad && r < t->size; r++)
+      for (size_t i = 0; !bad && i < n; i++)
+        if (recv[(size_t)r * n + i] != pattern(r, n, i))
+          bad = failf(t, "allgather %zu bytes: wrong byte %zu from rank %d", n, i, r);
+    if (!bad && recv[total] != 0xAB) bad = failf(t, "allgather %zu bytes: overran recv", n);
+    free(send);
+    free(recv);
+    /* Every rank must run the same collectives, so agree before going on. */
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (bad) return 1;
+  }
+  return 0;
+}
+
+static int check_allgather(check_ctx *t) {
+  static const size_t sizes[] = {0, 1, 3, 64, 1000, 65537, 1 << 20};
+  return gather_sizes(t, sizes, (int)(sizeof sizes / sizeof sizes[0]));
+}
+
+/* Sizes above the per-call limit go through the derived byte type. */
+static int check_allgather_large_path(check_ctx *t) {
+  static const size_t sizes[] = {0, 1, 6, 7, 8, 13, 14, 15, 1000, 4099};
+  distro__comm_mpi_set_max_count(t->comm, 7);
+  int bad = gather_sizes(t, sizes, (int)(sizeof sizes / sizeof sizes[0]));
+  distro__comm_mpi_set_max_count(t->comm, INT_MAX);
+  return bad;
+}
+
+/* Every rank generates every rank's input from the shared seed, so each can
+ * compute the float64 reference; results are then compared across ranks. */
+static int reduce_sizes(check_ctx *t, const size_t *sizes, int count) {
+  int bad = 0;
+  for (int k = 0; k < count && !bad; k++) {
+    size_t n = sizes[k];
+    float *in = malloc((n ? n : 1) * (size_t)t->size * sizeof *in);
+    float *buf = malloc((n ? n : 1) * sizeof *buf);
+    float *all = malloc((n ? n : 1) * (size_t)t->size * sizeof *all);
+    if (!in || !buf || !all) return failf(t, "out of memory");
+    for (int r = 0; r < t->size; r++) {
+      tu_rng rng = {t->seed ^ (0x9e37ull * (uint64_t)(r + 1)) ^ n};
+      tu_fill_normal(&rng, in + (size_t)r * n, n, 1.0f + (float)r);
+    }
+    memcpy(buf, in + (size_t)t->rank * n, n * sizeof *buf);
+    distro_status st = distro_comm_allreduce_sum(t->comm, buf, n);
+    if (st != DISTRO_OK) bad = failf(t, "allreduce %zu: %s", n, distro_last_error());
+    for (size_t i = 0; !bad && i < n; i++) {
+      double exact = 0, mag = 0;
+      for (int r = 0; r < t->size; r++) {
+        exact += in[(size_t)r * n + i];
+        mag += fabs(in[(size_t)r * n + i]);
+      }
+      if (!(fabs((double)buf[i] - exact) <= t->size * 6e-8 * mag + 1e-30))
+        bad = failf(t, "allreduce %zu: element %zu is %.9g, float64 sum %.17g (seed %llu)", n, i,
+                    buf[i], exact, (unsigned long long)t->seed);
+    }
+    /* Every rank must run the same collectives, so agree before going on. */
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    /* Compare the bits across ranks with plain MPI, independent of distro. */
+    if (!bad && n <= (size_t)INT_MAX / sizeof(float)) {
+      MPI_Allgather(buf, (int)(n * sizeof *buf), MPI_BYTE, all, (int)(n * sizeof *buf), MPI_BYTE,
+                    MPI_COMM_WORLD);
+      for (int r = 1; r < t->size && !bad; r++)
+        if (memcmp(all, all + (size_t)r * n, n * sizeof *all) != 0)
+          bad = failf(t, "allreduce %zu: rank %d's result differs from rank 0's", n, r);
+    }
+    free(in);
+    free(buf);
+    free(all);
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  }
+  return bad;
+}
+
+static int check_allreduce(check_ctx *t) {
+  static const size_t sizes[] = {0, 1, 2, 3, 100, 1023, 100003, 1 << 20};
+  return reduce_sizes(t, sizes, (int)(sizeof sizes / sizeof sizes[0]));
+}
+
+/* Counts above the per-call limit are reduced in chunks. */
+static int check_allreduce_chunked(check_ctx *t) {
+  static const size_t sizes[] = {0, 1, 6, 7, 8, 20, 21, 1001};
+  distro__comm_mpi_set_max_count(t->comm, 7);
+  int bad = reduce_sizes(t, sizes, (int)(sizeof sizes / sizeof sizes[0]));
+  distro__comm_mpi_set_max_count(t->comm, INT_MAX);
+  return bad;
+}
+
+/* Rank 0 arrives late; nobody may leave the barrier before it arrives. */
+static int check_barrier(check_ctx *t) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = MPI_Wtime();
+  if (t->rank == 0) {
+    struct timespec d = {0, 300 * 1000 * 1000};
+    nanosleep(&d, NULL);
+  }
+  distro_status st = distro_comm_barrier(t->comm);
+  double waited = MPI_Wtime() - t0;
+  if (st != DISTRO_OK) return failf(t, "barrier: %s", distro_last_error());
+  if (waited < 0.2) return failf(t, "left the barrier after %.3f s, before rank 0 arrived", waited);
+  for (int i = 0; i < 100; i++)
+    if (distro_comm_barrier(t->comm) != DISTRO_OK) return failf(t, "barrier %d failed", i);
+  return 0;
+}
+
+/* A second comm on the same MPI communicator is independent and freeable. */
+static int check_second_comm(check_ctx *t) {
+  distro_comm *c2 = NULL;
+  if (distro_comm_mpi(MPI_COMM_WORLD, &c2) != DISTRO_OK)
+    return failf(t, "second comm: %s", distro_last_error());
+  float f = 1.0f;
+  distro_status st = distro_comm_allreduce_sum(c2, &f, 1);
+  distro_comm_free(c2);
+  if (st != DISTRO_OK || f != (float)t->size) return failf(t, "second comm allreduce gave %g", f);
+  return 0;
+}
+
+static const struct {
+  const char *name;
+  check_fn fn;
+} checks[] = {
+    {"rank_size", check_rank_size},
+    {"invalid_args", check_invalid_args},
+    {"allgather", check_allgather},
+    {"allgather_large_path", check_allgather_large_path},
+    {"allreduce_bit_identical", check_allreduce},
+    {"allreduce_chunked", check_allreduce_chunked},
+    {"barrier", check_barrier},
+    {"second_comm", check_second_comm},
+};
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  check_ctx t = {0};
+  MPI_Comm_rank(MPI_COMM_WORLD, &t.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &t.size);
+  unsigned long long seed = t.rank == 0 ? (unsigned long long)tu_seed() : 0;
+  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  t.seed = seed;
+  if (t.rank == 0) printf("test_comm_mpi: %d ranks, seed %llu\n", t.size, seed);
+
+  int passed = 0, failed = 0;
+  if (distro_comm_mpi(MPI_COMM_WORLD, &t.comm) != DISTRO_OK) {
+    fprintf(stderr, "[rank %d] distro_comm_mpi: %s\n", t.rank, distro_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
+    int bad = checks[i].fn(&t) != 0;
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (bad) failed++;
+    else passed++;
+    if (t.rank == 0) {
+      printf("%s %s\n", bad ? "FAIL" : "ok  ", checks[i].name);
+      fflush(stdout);
+    }
+  }
+  distro_comm_free(t.comm);
+  if (t.rank == 0) printf("%d passed, %d failed\n", passed, failed);
+  MPI_Finalize();
+  return failed ? 1 : 0;
+}
