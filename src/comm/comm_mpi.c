@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <mpi.h>
 
@@ -90,23 +91,52 @@ fail:
 }
 
 /* Not MPI_Allreduce: the standard only recommends, and does not require,
- * that every rank gets the same bits, and ring/recursive-doubling algorithms
- * may add in a different order on different ranks. Reducing to rank 0 and
- * broadcasting its result gives every rank the very same bits. */
+ * that every rank gets the same bits, and its algorithms add in an order of
+ * their own. Here rank r sums elements [r*n/W, (r+1)*n/W) over ranks
+ * 0..W-1 in rank order (an all-to-all brings it every rank's copy of that
+ * slice), then an all-gather spreads the sums: every rank gets the same bits,
+ * the very bits the in-process communicator gives, and each rank moves the
+ * 2(W-1)/W of the buffer a ring all-reduce would. */
+static size_t slice_lo(size_t n, int r, int world) {
+  return (n / (size_t)world) * (size_t)r + (n % (size_t)world) * (size_t)r / (size_t)world;
+}
+
 static distro_status mpi_allreduce_sum(distro_comm *c, float *buf, size_t count) {
   distro_status st = DISTRO_OK;
   mpi_impl *m = c->impl;
-  for (size_t off = 0; off < count; off += m->max_count) {
-    size_t left = count - off;
-    int n = (int)(left < m->max_count ? left : m->max_count);
+  const int W = c->size, me = c->rank;
+  int *scount = malloc(sizeof(int) * 4 * (size_t)W);
+  float *recv = NULL;
+  if (!scount) return distro__fail(DISTRO_ERR_NOMEM, "MPI allreduce: out of memory");
+  int *sdispl = scount + W, *rcount = scount + 2 * W, *rdispl = scount + 3 * W;
+  /* Chunks small enough that every int count and displacement fits. */
+  const size_t chunk = m->max_count / 2 > 0 ? m->max_count / 2 : 1;
+  size_t slice_max = chunk / (size_t)W + 1;
+  recv = malloc(sizeof(float) * slice_max * (size_t)W);
+  if (!recv) DISTRO_FAIL(DISTRO_ERR_NOMEM, "MPI allreduce: out of memory");
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t n = count - off < chunk ? count - off : chunk;
     float *p = buf + off;
-    if (c->rank == 0)
-      MPI_TRY(MPI_Reduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, 0, m->comm), "MPI_Reduce");
-    else
-      MPI_TRY(MPI_Reduce(p, NULL, n, MPI_FLOAT, MPI_SUM, 0, m->comm), "MPI_Reduce");
-    MPI_TRY(MPI_Bcast(p, n, MPI_FLOAT, 0, m->comm), "MPI_Bcast");
+    const size_t lo = slice_lo(n, me, W), len = slice_lo(n, me + 1, W) - lo;
+    for (int r = 0; r < W; r++) {
+      size_t rlo = slice_lo(n, r, W);
+      scount[r] = (int)(slice_lo(n, r + 1, W) - rlo);
+      sdispl[r] = (int)rlo;
+      rcount[r] = (int)len;
+      rdispl[r] = (int)(len * (size_t)r);
+    }
+    MPI_TRY(MPI_Alltoallv(p, scount, sdispl, MPI_FLOAT, recv, rcount, rdispl, MPI_FLOAT, m->comm),
+            "MPI_Alltoallv");
+    float *sum = p + lo; /* our own slice of buf is free to overwrite now */
+    memcpy(sum, recv, len * sizeof(float));
+    for (int r = 1; r < W; r++)
+      for (size_t i = 0; i < len; i++) sum[i] += recv[(size_t)r * len + i];
+    MPI_TRY(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, scount, sdispl, MPI_FLOAT, m->comm),
+            "MPI_Allgatherv");
   }
 fail:
+  free(recv);
+  free(scount);
   return st;
 }
 

@@ -19,6 +19,7 @@
 
 #include <distro/comm.h>
 #include <distro/mpi.h>
+#include <distro/optim.h>
 
 #include "testutil.h"
 
@@ -196,6 +197,88 @@ static int check_second_comm(check_ctx *t) {
   return 0;
 }
 
+/* ---- the optimizer over MPI ------------------------------------------------ */
+
+#define OPT_STEPS 4
+static const int64_t opt_shapes[3][2] = {{96, 128}, {100, 1}, {67, 64}};
+static const int opt_ndims[3] = {2, 1, 2};
+static size_t opt_numel(int i) { return (size_t)(opt_shapes[i][0] * opt_shapes[i][1]); }
+static size_t opt_total(void) { return opt_numel(0) + opt_numel(1) + opt_numel(2); }
+
+typedef struct {
+  distro_options opt;
+  uint64_t seed;
+  float *out; /* size * opt_total(): final parameters of every rank */
+} opt_run;
+
+/* The same run (same initial parameters, rank-specific gradients) through
+ * any communicator; writes this rank's final parameters to out[rank]. */
+static distro_status opt_rank(distro_comm *comm, int rank, void *arg) {
+  opt_run *run = arg;
+  float *p = malloc(opt_total() * sizeof *p), *g = malloc(opt_total() * sizeof *g);
+  distro_optim *o = NULL;
+  distro_status st = distro_optim_create(&run->opt, comm, &o);
+  tu_rng init = {run->seed};
+  tu_fill_normal(&init, p, opt_total(), 1.0f);
+  size_t off = 0;
+  for (int i = 0; i < 3 && st == DISTRO_OK; off += opt_numel(i), i++) {
+    char name[8];
+    snprintf(name, sizeof name, "t%d", i);
+    st = distro_optim_add_param(o, name, p + off, g + off, opt_ndims[i], opt_shapes[i]);
+  }
+  for (int s = 0; s < OPT_STEPS && st == DISTRO_OK; s++) {
+    tu_rng r = {run->seed ^ (uint64_t)(1000 * s + rank + 1)};
+    tu_fill_normal(&r, g, opt_total(), 1.0f);
+    st = distro_optim_step(o, 0.01f, NULL);
+  }
+  if (st == DISTRO_OK) memcpy(run->out + (size_t)rank * opt_total(), p, opt_total() * sizeof *p);
+  distro_optim_free(o);
+  free(p);
+  free(g);
+  return st;
+}
+
+/* MPI ranks end bit-identical, and equal to in-process ranks given the same
+ * inputs. */
+static int check_optimizer(check_ctx *t, distro_options opt) {
+  const size_t n = opt_total();
+  opt_run mpi = {opt, t->seed, calloc((size_t)t->size * n, sizeof(float))};
+  int bad = 0;
+  if (opt_rank(t->comm, t->rank, &mpi) != DISTRO_OK) bad = failf(t, "MPI run: %s", distro_last_error());
+  float *mine = malloc(n * sizeof(float));
+  memcpy(mine, mpi.out + (size_t)t->rank * n, n * sizeof(float));
+  MPI_Allgather(mine, (int)n, MPI_FLOAT, mpi.out, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
+  for (int r = 1; r < t->size && !bad; r++)
+    if (memcmp(mpi.out, mpi.out + (size_t)r * n, n * sizeof(float)))
+      bad = failf(t, "rank %d parameters differ from rank 0's", r);
+  if (!bad && t->rank == 0) {
+    opt_run local = {opt, t->seed, calloc((size_t)t->size * n, sizeof(float))};
+    if (distro_comm_run_local(t->size, opt_rank, &local) != DISTRO_OK)
+      bad = failf(t, "in-process run: %s", distro_last_error());
+    else if (memcmp(local.out, mpi.out, n * sizeof(float)))
+      bad = failf(t, "in-process ranks and MPI ranks end with different parameters");
+    free(local.out);
+  }
+  free(mine);
+  free(mpi.out);
+  return bad;
+}
+
+static int check_optimizer_demo(check_ctx *t) {
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.topk = 8;
+  return check_optimizer(t, o);
+}
+
+static int check_optimizer_distro_adamw(check_ctx *t) {
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.update = DISTRO_UPDATE_ADAMW;
+  o.values = DISTRO_VALUES_BF16;
+  return check_optimizer(t, o);
+}
+
+static int check_optimizer_adamw(check_ctx *t) { return check_optimizer(t, distro_options_default(DISTRO_ALG_ADAMW)); }
+
 static const struct {
   const char *name;
   check_fn fn;
@@ -208,6 +291,9 @@ static const struct {
     {"allreduce_chunked", check_allreduce_chunked},
     {"barrier", check_barrier},
     {"second_comm", check_second_comm},
+    {"optimizer_demo_sign", check_optimizer_demo},
+    {"optimizer_distro_adamw_bf16", check_optimizer_distro_adamw},
+    {"optimizer_adamw_allreduce", check_optimizer_adamw},
 };
 
 int main(int argc, char **argv) {
