@@ -59,7 +59,8 @@ static double bf16_magnitude(uint32_t b) {
 }
 
 /* float64 reference: round-to-nearest-even to 8 significant bits; results
- * beyond the largest finite bf16 become Inf. Finite inputs only. */
+ * beyond the largest finite bf16 saturate to it (the encoder never emits
+ * Inf, which receivers reject). Finite inputs only. */
 static uint16_t ref_bf16(float x) {
   uint32_t u = f2u(x), sign = u & 0x80000000u, mag = u & 0x7fffffffu;
   double ax = fabs((double)x);
@@ -67,7 +68,8 @@ static uint16_t ref_bf16(float x) {
   double dlo = bf16_magnitude(lo), dhi = bf16_magnitude(hi);
   double below = ax - dlo, above = dhi - ax; /* exact in double */
   uint32_t pick = below < above ? lo : above < below ? hi : ((lo & 1) ? hi : lo);
-  return (uint16_t)((sign >> 16) | pick); /* hi == 0x7f80 is +-Inf */
+  if (pick == 0x7f80u) pick = 0x7f7fu;
+  return (uint16_t)((sign >> 16) | pick);
 }
 
 /* Is `hay` a message naming exactly rank `peer`? */
@@ -313,10 +315,11 @@ Test(wire, bf16_edges) {
   cr_assert_eq(distro__bf16_from_float(u2f(0x3f808000u)), 0x3f80);
   cr_assert_eq(distro__bf16_from_float(u2f(0x3f818000u)), 0x3f82);
   cr_assert_eq(distro__bf16_from_float(u2f(0x3f808001u)), 0x3f81);
-  /* Largest finite bf16 and the overflow to Inf past it (IEEE RNE). */
+  /* Largest finite bf16; what IEEE RNE would round to Inf saturates. */
   cr_assert_eq(distro__bf16_from_float(u2f(0x7f7f7fffu)), 0x7f7f);
-  cr_assert_eq(distro__bf16_from_float(u2f(0x7f7f8000u)), 0x7f80);
-  cr_assert_eq(distro__bf16_from_float(u2f(0xff7fffffu)), 0xff80);
+  cr_assert_eq(distro__bf16_from_float(u2f(0x7f7f8000u)), 0x7f7f);
+  cr_assert_eq(distro__bf16_from_float(u2f(0xff7fffffu)), 0xff7f);
+  cr_assert_eq(distro__bf16_from_float(u2f(0x7f800000u)), 0x7f80, "Inf stays Inf");
   /* Every non-NaN bf16 survives a round trip through float. */
   for (uint32_t b = 0; b < 65536; b++) {
     if ((b & 0x7f80) == 0x7f80 && (b & 0x7f)) continue;
@@ -848,10 +851,19 @@ Test(wire, reject_unknown_flags) {
   tu_rng r = {seed};
   payload p;
   build(&p, mixed, NMIXED, DISTRO_VALUES_F32, &r);
-  for (int f = 2; f < 256; f += 2) { /* every flag byte without the ABORT bit */
+  for (int f = 2; f < 256; f++) { /* every flag byte but 0 and ABORT alone */
     p.buf[7] = (uint8_t)f;
     reseal(&p);
     EXPECT_REJECT(&p, p.buf, p.l.total, 17, "unknown flags", seed, "flags 0x%02x", f);
   }
+  /* Abort fields in a normal payload are a contradiction. */
+  p.buf[7] = 0;
+  p.buf[32] = 6;
+  reseal(&p);
+  EXPECT_REJECT(&p, p.buf, p.l.total, 18, "abort fields", seed, "abort status without ABORT");
+  p.buf[32] = 0;
+  p.buf[36] = 1;
+  reseal(&p);
+  EXPECT_REJECT(&p, p.buf, p.l.total, 18, "abort fields", seed, "abort tensor without ABORT");
   destroy(&p);
 }

@@ -27,8 +27,12 @@ static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint6
 uint16_t distro__bf16_from_float(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
+  uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
+  /* Finite values just below FLT_MAX would round to Inf, which receivers
+   * reject; saturate to the largest finite bf16 instead. */
+  if ((r & 0x7f800000u) == 0x7f800000u && (u & 0x7f800000u) != 0x7f800000u)
+    return (uint16_t)(((u >> 16) & 0x8000u) | 0x7f7fu);
+  return (uint16_t)(r >> 16);
 }
 
 float distro__bf16_to_float(uint16_t b) {
@@ -146,6 +150,11 @@ void distro__wire_write_tensor(uint8_t *buf, const distro__wire_layout *l, const
   }
 }
 
+void distro__wire_read_origin(const uint8_t *buf, uint32_t *sender, uint64_t *step) {
+  *sender = get_u32(buf + 12);
+  *step = get_u64(buf + 16);
+}
+
 void distro__wire_clear_body(uint8_t *buf, const distro__wire_layout *l) {
   size_t start = DISTRO__WIRE_HEADER + (size_t)l->ntensors * DISTRO__WIRE_DESC;
   memset(buf + start, 0, l->total - start);
@@ -175,13 +184,16 @@ distro_status distro__wire_validate(const uint8_t *buf, size_t size, const distr
                         (int)l->values);
   if (get_u32(buf + 8) != (uint32_t)l->ntensors || get_u64(buf + 24) != (uint64_t)l->total)
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: header disagrees with the tensor list", peer);
+  if (buf[7] & ~DISTRO__WIRE_FLAG_ABORT)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unknown flags 0x%02x", peer, buf[7]);
   if (buf[7] & DISTRO__WIRE_FLAG_ABORT) {
     *aborted = 1;
     *abort_status = get_u32(buf + 32);
     *abort_tensor = get_u32(buf + 36);
     return DISTRO_OK;
   }
-  if (buf[7] != 0) return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unknown flags 0x%02x", peer, buf[7]);
+  if (get_u32(buf + 32) != 0 || get_u32(buf + 36) != 0)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: abort fields set without the ABORT flag", peer);
   for (int i = 0; i < l->ntensors; i++) {
     const uint8_t *d = buf + DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE_DESC;
     if (get_u32(d) != (uint32_t)t[i].h || get_u32(d + 4) != (uint32_t)t[i].w || get_u32(d + 8) != (uint32_t)t[i].k ||

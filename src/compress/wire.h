@@ -46,11 +46,15 @@ void distro__wire_clear_body(uint8_t *buf, const distro__wire_layout *l);
 void distro__wire_seal(uint8_t *buf, const distro__wire_layout *l);
 
 /* Validates payload `buf` of `size` bytes from rank `peer` against our own
- * layout: size, magic, version, codec, descriptors, CRC, index range and
- * order, finite values. On an abort payload returns OK with *aborted set. */
+ * layout: size, magic, version, CRC, codec, flags, descriptors, index range
+ * and order, finite values. On an abort payload returns OK with *aborted
+ * set. Sender and step are the caller's to check (distro__wire_read_origin). */
 distro_status distro__wire_validate(const uint8_t *buf, size_t size, const distro__wire_layout *l,
                                     const distro__tiling *t, int peer, int *aborted, uint32_t *abort_status,
                                     uint32_t *abort_tensor);
+
+/* Sender rank and step stamped in the header. */
+void distro__wire_read_origin(const uint8_t *buf, uint32_t *sender, uint64_t *step);
 
 /* Decoding helpers for a validated payload. */
 static inline uint32_t distro__wire_index(const uint8_t *sec, int width, int64_t j) {

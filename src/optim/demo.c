@@ -100,9 +100,14 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
   /* 3. Validate every payload before anything is applied. */
   for (int r = 0; r < world; r++) {
     int aborted = 0;
-    uint32_t why = 0, tensor = 0;
-    DISTRO_CHECK(distro__wire_validate(o->recv + (size_t)r * l->total, l->total, l, o->tilings, r, &aborted, &why,
-                                       &tensor));
+    uint32_t why = 0, tensor = 0, sender;
+    uint64_t step;
+    const uint8_t *buf = o->recv + (size_t)r * l->total;
+    DISTRO_CHECK(distro__wire_validate(buf, l->total, l, o->tilings, r, &aborted, &why, &tensor));
+    distro__wire_read_origin(buf, &sender, &step);
+    if (sender != (uint32_t)r || step != (uint64_t)o->step)
+      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "payload from rank %d: stamped rank %u step %llu, expected step %lld (ranks out of step?)",
+                  r, sender, (unsigned long long)step, (long long)o->step);
     if (aborted) {
       const char *name = tensor < (uint32_t)o->nparams ? o->params[tensor].name : "?";
       DISTRO_FAIL(why == DISTRO_ERR_NONFINITE ? DISTRO_ERR_NONFINITE : DISTRO_ERR_COMM,
