@@ -1,0 +1,215 @@
+/* --compare (see compare.h). */
+#include "compare.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util.h"
+
+typedef struct {
+  const char *name;
+  gpt_optim_kind optim;
+  distro_values values;
+  int topk; /* 0: the common setting */
+} variant;
+
+/* The all-reduce baseline first: the others are measured against it. */
+static const variant VARIANTS[] = {
+    {"adamw", GPT_OPT_ADAMW, DISTRO_VALUES_F32, 0},
+    {"distro", GPT_OPT_DISTRO, DISTRO_VALUES_F32, 0},
+    {"distro-adamw", GPT_OPT_DISTRO_ADAMW, DISTRO_VALUES_F32, 0},
+    {"distro-sign1", GPT_OPT_DISTRO, DISTRO_VALUES_SIGN1, 0},
+};
+#define NVAR ((int)(sizeof VARIANTS / sizeof *VARIANTS))
+
+float default_lr(gpt_optim_kind k, distro_values v) {
+  (void)v;
+  switch (k) {
+    case GPT_OPT_ADAMW: return 2e-3f;
+    case GPT_OPT_DISTRO: return 5e-4f;
+    case GPT_OPT_DISTRO_ADAMW: return 2e-3f;
+  }
+  return 1e-3f;
+}
+
+static int in_path(const char *prog) {
+  const char *path = getenv("PATH");
+  if (!path) return 0;
+  while (*path) {
+    size_t n = strcspn(path, ":");
+    char full[4096];
+    snprintf(full, sizeof full, "%.*s/%s", (int)n, n ? path : ".", prog);
+    if (access(full, X_OK) == 0) return 1;
+    path += n + (path[n] == ':');
+  }
+  return 0;
+}
+
+/* A gnuplot single-quoted string: quotes doubled. */
+static void gp_string(FILE *g, const char *s) {
+  fputc('\'', g);
+  for (; *s; s++) {
+    if (*s == '\'') fputc('\'', g);
+    fputc(*s, g);
+  }
+  fputc('\'', g);
+}
+
+static int plot(const char *path, const train_config *base, const train_result *res, const char *const *names,
+                int n) {
+  if (!in_path("gnuplot")) {
+    fprintf(stderr,
+            "gpt: no plot: gnuplot is not installed (not found in PATH); install it with "
+            "'apt-get install gnuplot-nox' (make deps does) and rerun; the table above is complete\n");
+    return -1;
+  }
+  unlink(path); /* so a stale file cannot pass for a new one */
+  FILE *g = popen("gnuplot", "w");
+  if (!g) {
+    fprintf(stderr, "gpt: no plot: cannot start gnuplot\n");
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    fprintf(g, "$val%d << EOD\n", i);
+    for (int e = 0; e < res[i].nevals; e++) fprintf(g, "%d %.6f\n", res[i].eval_step[e], res[i].eval_loss[e]);
+    fprintf(g, "EOD\n$bytes%d << EOD\n", i);
+    const int steps = res[i].steps_done;
+    for (int k = 1; k <= 100; k++) {
+      int s = (int)((double)steps * k / 100.0 + 0.5);
+      if (s < 1) continue;
+      fprintf(g, "%d %.6g\n", s, (double)s * (double)res[i].sent_per_step * res[i].world);
+    }
+    fprintf(g, "EOD\n");
+  }
+  fprintf(g, "set terminal pngcairo size 1400,560 font 'sans,10'\nset output ");
+  gp_string(g, path);
+  fprintf(g, "\nset multiplot layout 1,2 title 'byte-level GPT on %s: %d layers, dim %d, context %d, %d ranks x batch %d, %d steps'\n",
+          base->data ? "your text" : "fortunes", base->model.layers, base->model.dim, base->model.context,
+          res[0].world, base->batch, base->steps);
+  fprintf(g, "set grid\nset key top right\nset xlabel 'step'\nset ylabel 'validation loss (nats per byte)'\n"
+             "set title 'validation loss'\nplot ");
+  for (int i = 0; i < n; i++)
+    fprintf(g, "%s$val%d with linespoints lw 2 pt 7 ps 0.6 title '%s'", i ? ", " : "", i, names[i]);
+  fprintf(g, "\nset logscale y\nset format y '10^{%%L}'\nset key bottom right\n"
+             "set ylabel 'bytes sent, all ranks (log scale)'\nset title 'cumulative bytes sent'\nplot ");
+  for (int i = 0; i < n; i++)
+    fprintf(g, "%s$bytes%d with lines lw 2 title '%s'", i ? ", " : "", i, names[i]);
+  fprintf(g, "\nunset multiplot\nset output\n");
+  int rc = pclose(g);
+  FILE *f = fopen(path, "rb");
+  long size = 0;
+  if (f) {
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    fclose(f);
+  }
+  if (rc != 0 || size <= 0) {
+    fprintf(stderr, "gpt: gnuplot failed to write the plot '%s' (exit status %d; its messages are above)\n", path, rc);
+    return -1;
+  }
+  return 0;
+}
+
+int compare_run(const train_config *base, const compare_overrides *ov, const gpt_corpus *data, distro_comm *comm,
+                const char *plot_path) {
+  const int lead = !comm || distro_comm_rank(comm) == 0;
+  train_result *res = calloc(NVAR, sizeof *res);
+  train_config cfg[NVAR];
+  const char *names[NVAR];
+  char logs[NVAR][4200];
+  if (!res) {
+    fprintf(stderr, "gpt: out of memory\n");
+    return 1;
+  }
+  const double t0 = gpt_now();
+  for (int i = 0; i < NVAR; i++) {
+    const variant *v = &VARIANTS[i];
+    train_config *c = &cfg[i];
+    *c = *base;
+    c->optim = v->optim;
+    if (!ov->values) c->values = v->values;
+    if (!ov->topk && v->topk) c->topk = v->topk;
+    if (!ov->lr) c->lr = default_lr(c->optim, c->values);
+    c->label = v->name;
+    names[i] = v->name;
+    if (base->log_path) {
+      /* run.csv -> run.adamw.csv, ... */
+      const char *dot = strrchr(base->log_path, '.');
+      int stem = dot && !strchr(dot, '/') ? (int)(dot - base->log_path) : (int)strlen(base->log_path);
+      snprintf(logs[i], sizeof logs[i], "%.*s.%s%s", stem, base->log_path, v->name, dot && !strchr(dot, '/') ? dot : ".csv");
+      c->log_path = logs[i];
+    }
+    if (lead) {
+      printf("\n== %s: %s", v->name, optim_name(c->optim));
+      if (c->optim != GPT_OPT_ADAMW)
+        printf(", topk %d, chunk %d, decay %g, %s values", c->topk, c->chunk, (double)c->decay,
+               values_name(c->values));
+      printf(", lr %g ==\n", (double)c->lr);
+      fflush(stdout);
+    }
+    if (train_run(c, data, comm, stdout, &res[i]) != 0) {
+      free(res);
+      return 1;
+    }
+  }
+  const double total = gpt_now() - t0;
+  if (!lead) {
+    free(res);
+    return 0;
+  }
+
+  /* The table. */
+  const train_result *ref = &res[0];
+  char b1[32], b2[32], b3[32], d1[32];
+  printf("\n== Comparison: %d ranks x batch %d x context %d, %d steps (%.2f M tokens), %zu parameters, seed %llu ==\n",
+         ref->world, base->batch, base->model.context, base->steps,
+         (double)base->steps * ref->world * base->batch * base->model.context / 1e6, ref->nparams,
+         (unsigned long long)base->seed);
+  printf("%-13s %8s %9s %9s %14s %14s %11s %10s %7s %14s\n", "optimizer", "lr", "val loss", "vs adamw",
+         "sent/step/rank", "recv/step/rank", "total sent", "less than", "wall", "optimizer");
+  printf("%-13s %8s %9s %9s %14s %14s %11s %10s %7s %14s\n", "", "", "(final)", "", "", "", "(all ranks)",
+         "all-reduce", "", "share of step");
+  for (int i = 0; i < NVAR; i++) {
+    const train_result *r = &res[i];
+    const double share = r->step_seconds > 0 ? r->optim_seconds / r->step_seconds : 0;
+    const double own = r->step_seconds > 0 ? (r->optim_seconds - r->exchange_seconds) / r->step_seconds : 0;
+    char less[32];
+    snprintf(less, sizeof less, "%.0fx", (double)ref->sent_per_step / (double)(r->sent_per_step ? r->sent_per_step : 1));
+    printf("%-13s %8.2g %9.4f %9.4f %14s %14s %11s %10s %7s %6.1f%% (%.1f%%)\n", names[i], (double)cfg[i].lr,
+           r->final_val, r->final_val / ref->final_val, fmt_bytes(b1, sizeof b1, (double)r->sent_per_step),
+           fmt_bytes(b2, sizeof b2, (double)r->recv_per_step), fmt_bytes(b3, sizeof b3, (double)r->total_sent),
+           less, fmt_duration(d1, sizeof d1, r->wall), 100 * share, 100 * own);
+  }
+  printf("bytes: per rank per step from distro_step_stats (DisTrO: its payload, all-gathered; adamw: its share of\n"
+         "a ring all-reduce of the fp32 gradients). optimizer share: distro_step_stats.seconds_total / step time; in\n"
+         "brackets without the collective, which with in-process ranks is mostly waiting for the slowest rank.\n");
+
+  /* The targets of issue 3, checked on the best DisTrO variant. */
+  int best = 1;
+  for (int i = 1; i < NVAR; i++)
+    if (res[i].final_val < res[best].final_val) best = i;
+  const double gap = res[best].final_val / ref->final_val - 1;
+  const double fewer = (double)ref->sent_per_step / (double)res[best].sent_per_step;
+  double worst_share = 0;
+  for (int i = 0; i < NVAR; i++)
+    if (res[i].step_seconds > 0 && res[i].optim_seconds / res[i].step_seconds > worst_share)
+      worst_share = res[i].optim_seconds / res[i].step_seconds;
+  printf("targets: best DisTrO variant %s: val loss %+.2f%% vs adamw (target <= +3%%): %s; %.0fx fewer bytes per step\n"
+         "per rank than the fp32 all-reduce (target >= 50x): %s; optimizer share of step, worst variant %.1f%%\n"
+         "(target <= 15%%): %s. Total time for the %d runs: %s.\n",
+         names[best], 100 * gap, gap <= 0.03 ? "met" : "MISSED", fewer, fewer >= 50 ? "met" : "MISSED",
+         100 * worst_share, worst_share <= 0.15 ? "met" : "MISSED", NVAR, fmt_duration(d1, sizeof d1, total));
+  fflush(stdout);
+
+  int rc = 0;
+  if (plot_path) {
+    if (plot(plot_path, base, res, names, NVAR) == 0)
+      printf("plot: %s\n", plot_path);
+    else
+      rc = 2;
+  }
+  free(res);
+  return rc;
+}

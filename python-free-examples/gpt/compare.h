@@ -1,0 +1,23 @@
+/* --compare: the all-reduce baseline and the DisTrO variants on the same
+ * data, seed and token budget; a table and a plot. */
+#ifndef GPT_COMPARE_H
+#define GPT_COMPARE_H
+
+#include "train.h"
+
+/* Which settings the user fixed on the command line (they then apply to
+ * every variant); the others come from each variant's tuned defaults. */
+typedef struct {
+  int lr, topk, chunk, decay, values, wd;
+} compare_overrides;
+
+/* Runs every variant with `base` (steps, batch, model, seed, ...). Rank 0
+ * prints the table and, with plot_path, renders it with gnuplot. Returns 0,
+ * 1 if a run failed, 2 if only the plot could not be made. */
+int compare_run(const train_config *base, const compare_overrides *ov, const gpt_corpus *data, distro_comm *comm,
+                const char *plot_path);
+
+/* Tuned default learning rate of an optimizer (single runs and --compare). */
+float default_lr(gpt_optim_kind k, distro_values v);
+
+#endif

@@ -1,0 +1,279 @@
+/* gpt-train: command line of the byte-level GPT trainer. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <distro/distro.h>
+#ifdef DISTRO_WITH_MPI
+#include <distro/mpi.h>
+#endif
+
+#include "compare.h"
+#include "train.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+"usage: gpt-train [options]             in-process ranks (threads)\n"
+"       mpirun -np N gpt-train --mpi [options]   one rank per MPI process\n"
+"\n"
+"Trains a byte-level GPT on text, data-parallel, with AdamW all-reduce or DisTrO.\n"
+"\n"
+"data\n"
+"  --data FILE         any text file (default: Debian's fortunes, %s)\n"
+"model\n"
+"  --layers N          transformer blocks (4)\n"
+"  --dim N             channels (128)\n"
+"  --heads N           attention heads (4)\n"
+"  --context N         sequence length in bytes (128)\n"
+"  --untied            separate output head (default: tied to the token embedding)\n"
+"optimizer\n"
+"  --optim NAME        adamw (gradient all-reduce + AdamW), distro (DeMo sign update)\n"
+"                      or distro-adamw (DisTrO exchange feeding AdamW); default distro-adamw\n"
+"  --lr X              peak learning rate (default per optimizer: adamw %g, distro %g,\n"
+"                      distro-adamw %g)\n"
+"  --lr-final F        final lr as a fraction of the peak (0.1)\n"
+"  --warmup N          linear warm-up steps (default steps/20)\n"
+"  --clip X            clip each rank's local gradient to global L2 norm X (1.0; 0: off).\n"
+"                      The all-reduce happens inside the optimizer step, so for every\n"
+"                      optimizer this is per rank, before averaging.\n"
+"  --wd X              decoupled weight decay (0)\n"
+"  --topk N            DisTrO: coefficients kept per chunk (32)\n"
+"  --chunk N           DisTrO: DCT chunk edge (64)\n"
+"  --decay X           DisTrO: momentum decay (0.999)\n"
+"  --values V          DisTrO: f32, bf16 or sign1 (1 bit per value) (f32)\n"
+"training\n"
+"  --steps N           optimizer steps (300)\n"
+"  --batch N           sequences per rank per step (8)\n"
+"  --seed N            initialisation and data order (1)\n"
+"  --ranks N           in-process ranks (2)\n"
+"  --threads N         OpenMP threads per rank (default: cores / ranks)\n"
+"  --mpi               one rank per MPI process (run under mpirun)\n"
+"output\n"
+"  --eval-every N      validation every N steps (25; 0: only at the end)\n"
+"  --eval-batches N    batches per periodic validation (4); the final one uses the whole split\n"
+"  --print-every N     progress line every N steps (10)\n"
+"  --log FILE.csv      one CSV line per step (--compare: one file per optimizer)\n"
+"  --save FILE         checkpoint at the end (and every --save-every N steps)\n"
+"  --save-every N      also checkpoint every N steps\n"
+"  --resume FILE       continue from a checkpoint (same model, optimizer and ranks)\n"
+"  --stop-after N      stop (and save) after step N of the --steps schedule\n"
+"  --checksum          print a checksum of the final parameters\n"
+"  --quiet             no progress lines\n"
+"comparison\n"
+"  --compare           run adamw, distro, distro-adamw and distro with 1-bit values on the\n"
+"                      same data, seed and steps; print a table (settings you give apply\n"
+"                      to all; lr, topk, values otherwise per optimizer)\n"
+"  --plot FILE.png     with --compare: plot validation loss and bytes with gnuplot\n"
+"  --help              this text\n",
+          GPT_FORTUNES_DIR, (double)default_lr(GPT_OPT_ADAMW, DISTRO_VALUES_F32),
+          (double)default_lr(GPT_OPT_DISTRO, DISTRO_VALUES_F32),
+          (double)default_lr(GPT_OPT_DISTRO_ADAMW, DISTRO_VALUES_F32));
+}
+
+static int bad(const char *fmt, const char *a, const char *b) {
+  fprintf(stderr, "gpt: ");
+  fprintf(stderr, fmt, a, b);
+  fprintf(stderr, " (see --help)\n");
+  return 2;
+}
+
+static int parse_int(const char *flag, const char *s, int min, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < INT_MIN || v > INT_MAX)
+    return bad("%s: '%s' is not an integer", flag, s);
+  if (v < min) {
+    char m[32];
+    snprintf(m, sizeof m, "%d", min);
+    return bad("%s must be >= %s", flag, m);
+  }
+  *out = (int)v;
+  return 0;
+}
+
+static int parse_float(const char *flag, const char *s, float min, float *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !isfinite(v)) return bad("%s: '%s' is not a number", flag, s);
+  if (v < min) {
+    char m[32];
+    snprintf(m, sizeof m, "%g", (double)min);
+    return bad("%s must be >= %s", flag, m);
+  }
+  *out = (float)v;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  train_config c;
+  memset(&c, 0, sizeof c);
+  c.model = (gpt_config){.context = 128, .layers = 4, .dim = 128, .heads = 4, .tied = 1};
+  c.steps = 300;
+  c.batch = 8;
+  c.warmup = -1; /* steps / 20 */
+  c.lr = NAN;
+  c.lr_final = 0.1f;
+  c.clip = 1.0f;
+  c.wd = 0.0f;
+  c.beta1 = 0.9f;
+  c.beta2 = 0.95f;
+  c.seed = 1;
+  c.optim = GPT_OPT_DISTRO_ADAMW;
+  c.topk = 32;
+  c.chunk = 64;
+  c.decay = 0.999f;
+  c.values = DISTRO_VALUES_F32;
+  c.ranks = 2;
+  c.eval_every = 25;
+  c.eval_batches = 4;
+  c.print_every = 10;
+  compare_overrides ov = {0};
+  int compare = 0, mpi = 0;
+  const char *plot_path = NULL;
+
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      return 0;
+    }
+    /* Flags without a value. */
+    if (!strcmp(a, "--untied")) { c.model.tied = 0; continue; }
+    if (!strcmp(a, "--mpi")) { mpi = 1; continue; }
+    if (!strcmp(a, "--compare")) { compare = 1; continue; }
+    if (!strcmp(a, "--checksum")) { c.print_checksum = 1; continue; }
+    if (!strcmp(a, "--quiet")) { c.quiet = 1; continue; }
+    static const char *const valued[] = {"--data", "--layers", "--dim", "--heads", "--context", "--optim", "--lr",
+                                         "--lr-final", "--warmup", "--clip", "--wd", "--topk", "--chunk", "--decay",
+                                         "--values", "--steps", "--batch", "--seed", "--ranks", "--threads",
+                                         "--eval-every", "--eval-batches", "--print-every", "--log", "--save",
+                                         "--save-every", "--resume", "--stop-after", "--plot"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(a, valued[k]);
+    if (!known) return bad("unknown option '%s'%s", a, "");
+    if (i + 1 >= argc) return bad("%s needs a value%s", a, "");
+    const char *v = argv[++i];
+    int rc = 0, tmp = 0;
+    if (!strcmp(a, "--data")) c.data = v;
+    else if (!strcmp(a, "--layers")) rc = parse_int(a, v, 1, &c.model.layers);
+    else if (!strcmp(a, "--dim")) rc = parse_int(a, v, 1, &c.model.dim);
+    else if (!strcmp(a, "--heads")) rc = parse_int(a, v, 1, &c.model.heads);
+    else if (!strcmp(a, "--context")) rc = parse_int(a, v, 1, &c.model.context);
+    else if (!strcmp(a, "--optim")) {
+      if (!strcmp(v, "adamw")) c.optim = GPT_OPT_ADAMW;
+      else if (!strcmp(v, "distro")) c.optim = GPT_OPT_DISTRO;
+      else if (!strcmp(v, "distro-adamw")) c.optim = GPT_OPT_DISTRO_ADAMW;
+      else return bad("--optim: '%s' is not one of adamw, distro, distro-adamw%s", v, "");
+    } else if (!strcmp(a, "--lr")) { rc = parse_float(a, v, 0, &c.lr); ov.lr = 1; }
+    else if (!strcmp(a, "--lr-final")) rc = parse_float(a, v, 0, &c.lr_final);
+    else if (!strcmp(a, "--warmup")) rc = parse_int(a, v, 0, &c.warmup);
+    else if (!strcmp(a, "--clip")) rc = parse_float(a, v, 0, &c.clip);
+    else if (!strcmp(a, "--wd")) { rc = parse_float(a, v, 0, &c.wd); ov.wd = 1; }
+    else if (!strcmp(a, "--topk")) { rc = parse_int(a, v, 1, &c.topk); ov.topk = 1; }
+    else if (!strcmp(a, "--chunk")) { rc = parse_int(a, v, 1, &c.chunk); ov.chunk = 1; }
+    else if (!strcmp(a, "--decay")) { rc = parse_float(a, v, 0, &c.decay); ov.decay = 1; }
+    else if (!strcmp(a, "--values")) {
+      if (!strcmp(v, "f32")) c.values = DISTRO_VALUES_F32;
+      else if (!strcmp(v, "bf16")) c.values = DISTRO_VALUES_BF16;
+      else if (!strcmp(v, "sign1")) c.values = DISTRO_VALUES_SIGN1;
+      else return bad("--values: '%s' is not one of f32, bf16, sign1%s", v, "");
+      ov.values = 1;
+    } else if (!strcmp(a, "--steps")) rc = parse_int(a, v, 1, &c.steps);
+    else if (!strcmp(a, "--batch")) rc = parse_int(a, v, 1, &c.batch);
+    else if (!strcmp(a, "--seed")) {
+      char *end;
+      errno = 0;
+      unsigned long long s = strtoull(v, &end, 10);
+      if (errno || end == v || *end || *v == '-') return bad("--seed: '%s' is not a non-negative integer%s", v, "");
+      c.seed = s;
+    } else if (!strcmp(a, "--ranks")) rc = parse_int(a, v, 1, &c.ranks);
+    else if (!strcmp(a, "--threads")) rc = parse_int(a, v, 1, &c.threads);
+    else if (!strcmp(a, "--eval-every")) rc = parse_int(a, v, 0, &c.eval_every);
+    else if (!strcmp(a, "--eval-batches")) rc = parse_int(a, v, 1, &c.eval_batches);
+    else if (!strcmp(a, "--print-every")) rc = parse_int(a, v, 1, &c.print_every);
+    else if (!strcmp(a, "--log")) c.log_path = v;
+    else if (!strcmp(a, "--save")) c.save_path = v;
+    else if (!strcmp(a, "--save-every")) rc = parse_int(a, v, 1, &c.save_every);
+    else if (!strcmp(a, "--resume")) c.resume_path = v;
+    else if (!strcmp(a, "--stop-after")) rc = parse_int(a, v, 1, &c.stop_after);
+    else if (!strcmp(a, "--plot")) plot_path = v;
+    (void)tmp;
+    if (rc) return rc;
+  }
+
+  /* Combinations. */
+  const char *why = gpt_config_problem(&c.model);
+  if (*why) return bad("model: %s%s", why, "");
+  if (c.decay >= 1) return bad("--decay must be < 1%s%s", "", "");
+  if (c.ranks > 256) return bad("--ranks must be <= 256%s%s", "", "");
+  if (plot_path && !compare) return bad("--plot needs --compare%s%s", "", "");
+  if (compare && (c.save_path || c.resume_path || c.stop_after))
+    return bad("--compare does not take --save, --resume or --stop-after%s%s", "", "");
+  if (c.stop_after && !c.save_path)
+    return bad("--stop-after needs --save (where to continue from)%s%s", "", "");
+  if (isnan(c.lr)) c.lr = default_lr(c.optim, c.values);
+  if (c.warmup < 0) c.warmup = c.steps / 20;
+  if (c.warmup > c.steps) return bad("--warmup must be <= --steps%s%s", "", "");
+  if (c.optim == GPT_OPT_ADAMW && !compare && (ov.topk || ov.chunk || ov.decay || ov.values))
+    return bad("--topk, --chunk, --decay and --values are DisTrO settings; --optim adamw takes none%s%s", "", "");
+
+  distro_comm *comm = NULL;
+  if (mpi) {
+#ifdef DISTRO_WITH_MPI
+    MPI_Init(&argc, &argv);
+    distro_status s = distro_comm_mpi(MPI_COMM_WORLD, &comm);
+    if (s != DISTRO_OK) {
+      fprintf(stderr, "gpt: distro_comm_mpi: %s: %s\n", distro_status_string(s), distro_last_error());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+#else
+    fprintf(stderr, "gpt: --mpi: this build has no MPI (the distro library was built without it)\n");
+    return 2;
+#endif
+  }
+  const int lead = !comm || distro_comm_rank(comm) == 0;
+
+  gpt_corpus data;
+  char err[1024];
+  int rc = 0;
+  if (corpus_load(&data, c.data, err, sizeof err) != 0) {
+    if (lead) fprintf(stderr, "gpt: %s\n", err);
+    rc = 1;
+  } else {
+    if (lead) {
+      const int world = comm ? distro_comm_size(comm) : c.ranks;
+      printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data.source, data.n, data.ntrain,
+             data.n - data.ntrain);
+      printf("model: %d layers, dim %d, %d heads, context %d, %s head; %d %s rank(s), batch %d per rank\n",
+             c.model.layers, c.model.dim, c.model.heads, c.model.context, c.model.tied ? "tied" : "untied", world,
+             comm ? "MPI" : "in-process", c.batch);
+      fflush(stdout);
+    }
+    if (compare) {
+      rc = compare_run(&c, &ov, &data, comm, plot_path);
+    } else {
+      train_result res;
+      if (lead) {
+        printf("optimizer: %s, lr %g", optim_name(c.optim), (double)c.lr);
+        if (c.optim != GPT_OPT_ADAMW)
+          printf(", topk %d, chunk %d, decay %g, %s values", c.topk, c.chunk, (double)c.decay, values_name(c.values));
+        printf("\n");
+        fflush(stdout);
+      }
+      rc = train_run(&c, &data, comm, stdout, &res) == 0 ? 0 : 1;
+    }
+    corpus_free(&data);
+  }
+  if (comm) {
+    distro_comm_free(comm);
+#ifdef DISTRO_WITH_MPI
+    MPI_Finalize();
+#endif
+  }
+  return rc;
+}

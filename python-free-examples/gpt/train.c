@@ -1,0 +1,349 @@
+/* One training run (see train.h): every rank builds the same model, samples
+ * its own shard, runs forward and backward on its local batch and calls
+ * distro_optim_step, which does all the communication. */
+#include "train.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "util.h"
+
+#define PI 3.14159265358979323846
+
+const char *optim_name(gpt_optim_kind k) {
+  switch (k) {
+    case GPT_OPT_ADAMW: return "adamw";
+    case GPT_OPT_DISTRO: return "distro";
+    case GPT_OPT_DISTRO_ADAMW: return "distro-adamw";
+  }
+  return "?";
+}
+
+const char *values_name(distro_values v) {
+  switch (v) {
+    case DISTRO_VALUES_F32: return "f32";
+    case DISTRO_VALUES_BF16: return "bf16";
+    case DISTRO_VALUES_SIGN1: return "sign1";
+  }
+  return "?";
+}
+
+typedef struct {
+  const train_config *cfg;
+  const gpt_corpus *data;
+  FILE *out;
+  train_result *res;
+  int threads; /* OpenMP threads per rank */
+} run_ctx;
+
+/* Linear warm-up to lr, then cosine down to lr * lr_final at the last step. */
+static float lr_at(const train_config *c, int step) {
+  if (step < c->warmup) return c->lr * (float)(step + 1) / (float)c->warmup;
+  const int span = c->steps - c->warmup;
+  const double progress = span > 0 ? (double)(step - c->warmup) / span : 1.0;
+  return c->lr * (float)(c->lr_final + (1.0 - c->lr_final) * 0.5 * (1.0 + cos(PI * progress)));
+}
+
+/* Global L2 norm of this rank's gradient, clipped to max_norm (0: no clip).
+ * Partial sums over fixed blocks keep the result independent of the thread
+ * count (MPI and in-process ranks must agree bit for bit). */
+static float clip_grad(gpt_model *m, float max_norm) {
+  enum { NBLK = 64 };
+  double part[NBLK];
+  const size_t n = m->nparams;
+  real *g = m->grads;
+#pragma omp parallel for schedule(static)
+  for (int b = 0; b < NBLK; b++) {
+    double s = 0;
+    for (size_t i = n * b / NBLK; i < n * (b + 1) / NBLK; i++) s += (double)g[i] * g[i];
+    part[b] = s;
+  }
+  double ss = 0;
+  for (int b = 0; b < NBLK; b++) ss += part[b];
+  const float norm = (float)sqrt(ss);
+  if (max_norm > 0 && norm > max_norm) {
+    const float scale = max_norm / norm;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) g[i] *= scale;
+  }
+  return norm;
+}
+
+/* Mean validation loss over `count` windows spread evenly over the split;
+ * the windows are dealt round-robin to the ranks and the sums all-reduced.
+ * Returns NAN if the all-reduce failed. */
+static double evaluate(gpt_model *m, const gpt_corpus *d, distro_comm *comm, size_t count, uint8_t *inp,
+                       uint8_t *tgt) {
+  const int world = distro_comm_size(comm), rank = distro_comm_rank(comm);
+  const int B = m->max_batch, T = m->cfg.context;
+  const size_t nwin = corpus_val_windows(d, T);
+  if (count > nwin) count = nwin;
+  double sum = 0, tokens = 0;
+  int b = 0;
+  for (size_t k = (size_t)rank; k < count; k += (size_t)world) {
+    corpus_val_window(d, k * nwin / count, T, inp + (size_t)b * T, tgt + (size_t)b * T);
+    if (++b == B || k + (size_t)world >= count) {
+      gpt_forward(m, inp, tgt, b, T);
+      sum += gpt_loss_sum(m);
+      tokens += (double)b * T;
+      b = 0;
+    }
+  }
+  float buf[2] = {(float)sum, (float)tokens};
+  if (distro_comm_allreduce_sum(comm, buf, 2) != DISTRO_OK) return NAN;
+  return buf[1] > 0 ? (double)buf[0] / buf[1] : NAN;
+}
+
+static distro_options make_options(const train_config *c) {
+  distro_options o = distro_options_default(c->optim == GPT_OPT_ADAMW ? DISTRO_ALG_ADAMW : DISTRO_ALG_DEMO);
+  o.lr = c->lr;
+  o.beta1 = c->beta1;
+  o.beta2 = c->beta2;
+  o.weight_decay = c->wd;
+  if (c->optim != GPT_OPT_ADAMW) {
+    o.update = c->optim == GPT_OPT_DISTRO ? DISTRO_UPDATE_SIGN : DISTRO_UPDATE_ADAMW;
+    o.topk = c->topk;
+    o.chunk = c->chunk;
+    o.compression_decay = c->decay;
+    o.values = c->values;
+  }
+  return o;
+}
+
+static ckpt_meta make_meta(const train_config *c, int world) {
+  ckpt_meta k;
+  memset(&k, 0, sizeof k);
+  k.model = c->model;
+  k.optim = (int32_t)c->optim;
+  k.world = world;
+  k.topk = c->topk;
+  k.chunk = c->chunk;
+  k.values = (int32_t)c->values;
+  return k;
+}
+
+static void print_progress(const run_ctx *x, int step, float loss, double val, double tok_s,
+                           const distro_step_stats *st, uint64_t tot_sent, uint64_t tot_recv, double elapsed,
+                           double eta) {
+  const train_config *c = x->cfg;
+  char b1[32], b2[32], b3[32], b4[32], d1[32], d2[32];
+  FILE *o = x->out;
+  if (c->label) fprintf(o, "[%s] ", c->label);
+  fprintf(o, "step %*d/%d | loss %.4f", (int)snprintf(NULL, 0, "%d", c->steps), step, c->steps, loss);
+  if (!isnan(val)) fprintf(o, " | val %.4f", val);
+  fprintf(o, " | %.0f tok/s | sent %s recv %s (total %s / %s) | %s elapsed, ETA %s\n", tok_s,
+          fmt_bytes(b1, sizeof b1, (double)st->bytes_sent), fmt_bytes(b2, sizeof b2, (double)st->bytes_received),
+          fmt_bytes(b3, sizeof b3, (double)tot_sent), fmt_bytes(b4, sizeof b4, (double)tot_recv),
+          fmt_duration(d1, sizeof d1, elapsed), fmt_duration(d2, sizeof d2, eta));
+  fflush(o);
+}
+
+#define FAIL(...)                                 \
+  do {                                            \
+    snprintf(err, sizeof err, __VA_ARGS__);       \
+    ok = 0;                                       \
+  } while (0)
+
+static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
+  run_ctx *x = arg;
+  const train_config *c = x->cfg;
+  const int world = distro_comm_size(comm), B = c->batch, T = c->model.context;
+  const int lead = rank == 0;
+  train_result *res = x->res;
+  char err[1024] = "";
+  int ok = 1;
+  gpt_model m;
+  distro_optim *opt = NULL;
+  FILE *log = NULL;
+  uint8_t *inp = malloc((size_t)B * T), *tgt = malloc((size_t)B * T);
+  distro_status s = DISTRO_OK;
+
+  /* Threads: this rank thread gets its own OpenMP team size (the setting is
+   * per thread, so in-process ranks do not share it). */
+  omp_set_num_threads(x->threads);
+
+  /* Setup: the same initial weights on every rank (same seed). */
+  memset(&m, 0, sizeof m);
+  const distro_options o = make_options(c);
+  if (!inp || !tgt || gpt_init(&m, &c->model, B, c->seed) != 0) FAIL("out of memory for the model");
+  if (ok && (s = distro_optim_create(&o, comm, &opt)) != DISTRO_OK)
+    FAIL("distro_optim_create: %s: %s", distro_status_string(s), distro_last_error());
+  for (int i = 0; ok && i < m.ntensors; i++) {
+    const gpt_tensor *t = &m.tensors[i];
+    s = distro_optim_add_param(opt, t->name, m.params + t->offset, m.grads + t->offset, t->ndim, t->shape);
+    if (s != DISTRO_OK) FAIL("distro_optim_add_param: %s: %s", distro_status_string(s), distro_last_error());
+  }
+  if (ok && lead && c->log_path) {
+    log = fopen(c->log_path, c->resume_path ? "a" : "w");
+    if (!log) FAIL("cannot open log file '%s'", c->log_path);
+  }
+  int who = first_failed_rank(comm, ok);
+  if (who == -2) who = 0;
+  if (who != -1) goto done;
+
+  /* Resume: parameters, this rank's optimizer state and RNG, the step. */
+  const ckpt_meta meta = make_meta(c, world);
+  size_t lo, hi;
+  corpus_shard(x->data, rank, world, &lo, &hi);
+  gpt_rng rng = rng_make(c->seed, 1000 + (uint64_t)rank); /* the data order: seed and rank only */
+  int64_t start = 0;
+  if (c->resume_path) {
+    who = checkpoint_load(comm, c->resume_path, &meta, &start, &m, opt, &rng.s, err, sizeof err);
+    if (who != -1) goto done;
+    if (start > c->steps) {
+      FAIL("checkpoint '%s' is at step %lld, beyond --steps %d", c->resume_path, (long long)start, c->steps);
+      who = 0;
+      goto done;
+    }
+  }
+  if (log && ftell(log) == 0)
+    fprintf(log, "step,lr,train_loss,val_loss,grad_norm,tokens,bytes_sent,bytes_recv,total_sent,total_recv,"
+                 "step_s,optim_s,exchange_s,elapsed_s\n");
+
+  const int stop = c->stop_after > 0 && c->stop_after < c->steps ? c->stop_after : c->steps;
+  const size_t eval_count = (size_t)c->eval_batches * (size_t)B;
+  const double tokens_per_step = (double)world * B * T;
+  uint64_t tot_sent = 0, tot_recv = 0;
+  double t_begin = gpt_now(), step_sum = 0, optim_sum = 0, exch_sum = 0;
+  double iv_tokens = 0, iv_time = 0;
+  float loss_mean = NAN;
+  if (lead) {
+    res->nevals = 0;
+    res->world = world;
+    res->nparams = m.nparams;
+  }
+
+  for (int step = (int)start; step < stop; step++) {
+    const double t0 = gpt_now();
+    corpus_sample(x->data, lo, hi, &rng, B, T, inp, tgt);
+    const float loss = (float)gpt_forward(&m, inp, tgt, B, T);
+    gpt_zero_grad(&m);
+    gpt_backward(&m);
+    const float gnorm = clip_grad(&m, c->clip);
+    const float lr = lr_at(c, step);
+    distro_step_stats st;
+    s = distro_optim_step(opt, lr, &st);
+    if (s != DISTRO_OK) { /* every rank fails together: report once */
+      FAIL("step %d: distro_optim_step: %s: %s", step + 1, distro_status_string(s), distro_last_error());
+      who = 0;
+      goto done;
+    }
+    const double dt = gpt_now() - t0;
+    step_sum += dt;
+    optim_sum += st.seconds_total;
+    exch_sum += st.seconds_exchange;
+    tot_sent += st.bytes_sent * (uint64_t)world;
+    tot_recv += st.bytes_received * (uint64_t)world;
+    iv_tokens += tokens_per_step;
+    iv_time += dt;
+
+    /* The loss and gradient norm averaged over ranks, for the log only. */
+    float red[2] = {loss, gnorm};
+    if (distro_comm_allreduce_sum(comm, red, 2) != DISTRO_OK) {
+      FAIL("all-reduce of the loss failed: %s", distro_last_error());
+      who = 0;
+      goto done;
+    }
+    loss_mean = red[0] / (float)world;
+    const int done_steps = step + 1;
+    double val = NAN;
+    if ((c->eval_every > 0 && done_steps % c->eval_every == 0) || done_steps == stop) {
+      val = evaluate(&m, x->data, comm, eval_count, inp, tgt);
+      if (lead && res->nevals < (int)(sizeof res->eval_step / sizeof *res->eval_step)) {
+        res->eval_step[res->nevals] = done_steps;
+        res->eval_loss[res->nevals++] = val;
+      }
+    }
+    const double elapsed = gpt_now() - t_begin;
+    if (lead && log)
+      fprintf(log, "%d,%.9g,%.9g,%.9g,%.9g,%.0f,%llu,%llu,%llu,%llu,%.6f,%.6f,%.6f,%.3f\n", done_steps, lr,
+              loss_mean, val, red[1] / (float)world, (double)done_steps * tokens_per_step,
+              (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received,
+              (unsigned long long)tot_sent, (unsigned long long)tot_recv, dt, st.seconds_total,
+              st.seconds_exchange, elapsed);
+    if (lead && !c->quiet &&
+        (done_steps % c->print_every == 0 || !isnan(val) || done_steps == stop || step == start)) {
+      const double eta = elapsed / (done_steps - (double)start) * (stop - done_steps);
+      print_progress(x, done_steps, loss_mean, val, iv_tokens / iv_time, &st, tot_sent / world,
+                     tot_recv / world, elapsed, eta);
+      iv_tokens = iv_time = 0;
+    }
+    if (lead) {
+      res->sent_per_step = st.bytes_sent;
+      res->recv_per_step = st.bytes_received;
+    }
+    if (c->save_path && ((c->save_every > 0 && done_steps % c->save_every == 0) || done_steps == stop)) {
+      who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, rng.s, err, sizeof err);
+      if (who != -1) goto done;
+      if (lead && !c->quiet) {
+        if (c->label) fprintf(x->out, "[%s] ", c->label);
+        fprintf(x->out, "saved %s (step %d)\n", c->save_path, done_steps);
+      }
+    }
+    if (lead) res->steps_done = done_steps;
+  }
+
+  /* The whole validation split, once training is complete. */
+  double final_val = NAN;
+  if (stop == c->steps) {
+    final_val = evaluate(&m, x->data, comm, corpus_val_windows(x->data, T), inp, tgt);
+    if (lead && !c->quiet) {
+      if (c->label) fprintf(x->out, "[%s] ", c->label);
+      fprintf(x->out, "final val loss %.4f (whole validation split, %zu windows of %d bytes)\n", final_val,
+              corpus_val_windows(x->data, T), T);
+    }
+  }
+  if (lead) {
+    res->final_val = final_val;
+    res->last_train = loss_mean;
+    res->total_sent = tot_sent;
+    res->wall = gpt_now() - t_begin;
+    res->step_seconds = step_sum;
+    res->optim_seconds = optim_sum;
+    res->exchange_seconds = exch_sum;
+    res->tokens_per_s = step_sum > 0 ? (stop - (double)start) * tokens_per_step / step_sum : 0;
+    res->checksum = gpt_param_checksum(&m);
+    if (c->print_checksum) fprintf(x->out, "param checksum %016llx\n", (unsigned long long)res->checksum);
+  }
+  who = -1;
+done:
+  if (who == rank) {
+    if (world > 1 && rank > 0) fprintf(stderr, "gpt: rank %d: %s\n", rank, err);
+    else fprintf(stderr, "gpt: %s\n", err);
+  }
+  if (log) fclose(log);
+  distro_optim_free(opt);
+  gpt_free(&m);
+  free(inp);
+  free(tgt);
+  return who == -1 ? DISTRO_OK : DISTRO_ERR_INVALID;
+}
+
+int train_run(const train_config *cfg, const gpt_corpus *data, distro_comm *comm, FILE *out, train_result *res) {
+  memset(res, 0, sizeof *res);
+  res->final_val = NAN;
+  const int world = comm ? distro_comm_size(comm) : cfg->ranks;
+  char err[1024];
+  if (corpus_check(data, cfg->model.context, world, err, sizeof err) != 0) {
+    if (!comm || distro_comm_rank(comm) == 0) fprintf(stderr, "gpt: %s\n", err);
+    return -1;
+  }
+  run_ctx x = {cfg, data, out, res, cfg->threads};
+  const int cores = omp_get_num_procs();
+  if (comm) {
+    /* One rank per process: its threads are OpenMP's and OpenBLAS's. */
+    if (x.threads <= 0) x.threads = cores;
+    openblas_set_num_threads(x.threads);
+    return rank_main(comm, distro_comm_rank(comm), &x) == DISTRO_OK ? 0 : -1;
+  }
+  if (x.threads <= 0) x.threads = cores / world > 1 ? cores / world : 1;
+  /* openblas_set_num_threads is process-wide. With several rank threads each
+   * calling sgemm at once, OpenBLAS's own pool would serialise them (or
+   * oversubscribe the cores), so each call runs on its caller's thread. */
+  openblas_set_num_threads(world > 1 ? 1 : x.threads);
+  return distro_comm_run_local(world, rank_main, &x) == DISTRO_OK ? 0 : -1;
+}

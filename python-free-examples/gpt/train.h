@@ -1,0 +1,79 @@
+/* One training run of the byte-level GPT, data-parallel over distro_comm. */
+#ifndef GPT_TRAIN_H
+#define GPT_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <distro/distro.h>
+
+#include "data.h"
+#include "model.h"
+
+typedef enum {
+  GPT_OPT_ADAMW,        /* baseline: gradient all-reduce + AdamW (DISTRO_ALG_ADAMW) */
+  GPT_OPT_DISTRO,       /* DeMo: DCT + top-k momentum exchange, sign update */
+  GPT_OPT_DISTRO_ADAMW  /* DisTrO-AdamW: the same exchange feeding AdamW */
+} gpt_optim_kind;
+
+const char *optim_name(gpt_optim_kind k);
+const char *values_name(distro_values v);
+
+typedef struct {
+  gpt_config model;
+  const char *data; /* NULL: the fortunes corpus */
+
+  /* schedule */
+  int steps, batch, warmup;
+  float lr;          /* peak; warm-up from 0, then cosine down to lr * lr_final */
+  float lr_final;
+  float clip;        /* global-norm clipping of each rank's local gradient (0: off) */
+  float wd, beta1, beta2;
+  uint64_t seed;
+
+  /* optimizer */
+  gpt_optim_kind optim;
+  int topk, chunk;
+  float decay;       /* DeMo momentum decay */
+  distro_values values;
+
+  /* ranks */
+  int ranks;         /* in-process ranks (ignored under MPI) */
+  int threads;       /* OpenMP threads per rank; 0: cores / ranks */
+
+  /* output */
+  int eval_every, eval_batches, print_every;
+  const char *log_path, *save_path, *resume_path;
+  int save_every;    /* also save every N steps (0: only at the end) */
+  int stop_after;    /* stop after this step (0: run to `steps`); resume later */
+  int quiet;         /* no progress lines */
+  const char *label; /* prefix of progress lines */
+  int print_checksum;
+} train_config;
+
+/* What rank 0 measured. */
+typedef struct {
+  int steps_done;
+  int nevals;
+  int eval_step[1024];
+  double eval_loss[1024];     /* periodic evaluations on a fixed subset of the validation split */
+  double final_val;           /* the whole validation split, after the last step (NAN if stopped early) */
+  double last_train;          /* mean over ranks of the last step's loss */
+  uint64_t sent_per_step, recv_per_step; /* one rank, one step */
+  uint64_t total_sent;        /* all ranks, whole run (this process) */
+  double wall;                /* seconds, evaluation included */
+  double step_seconds;        /* sum of step times (sampling, forward, backward, clip, optimizer) */
+  double optim_seconds;       /* sum of distro_step_stats.seconds_total */
+  double exchange_seconds;    /* of which in the collective (waiting for peers included) */
+  double tokens_per_s;        /* all ranks, training steps only */
+  uint64_t checksum;          /* gpt_param_checksum at the end */
+  size_t nparams;
+  int world;
+} train_result;
+
+/* Runs one training run: on `comm` (an MPI communicator: this process is one
+ * rank) or, with comm NULL, on cfg->ranks in-process ranks. Progress goes to
+ * `out` (rank 0 only), errors to stderr. Returns 0 on success. */
+int train_run(const train_config *cfg, const gpt_corpus *data, distro_comm *comm, FILE *out, train_result *res);
+
+#endif
