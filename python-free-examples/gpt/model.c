@@ -1,13 +1,14 @@
 /* Byte-level GPT: parameters, forward and backward (see model.h).
  *
  * Layer functions follow llm.c's train_gpt2.c. Matrix products go through
- * CBLAS; the rest is plain loops parallelised with OpenMP over rows, so each
- * output element is computed by one thread in a fixed order and results do
- * not depend on the thread count. Reductions over rows (bias and LayerNorm
- * gradients) run per channel for the same reason. */
+ * CBLAS; the rest is plain loops parallelised with OpenMP over rows. Each
+ * output element is computed by one thread in a fixed order, so results do
+ * not depend on the thread count; reductions over rows (bias and LayerNorm
+ * gradients) are split over channels for the same reason. */
 #include "model.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #endif
 
 #define LN_EPS ((real)1e-5)
+#define CBLK 64 /* channels per thread in per-channel reductions */
 
 /* ------------------------------------------------------------------------ */
 /* Parameters                                                                 */
@@ -173,8 +175,7 @@ int gpt_init(gpt_model *m, const gpt_config *c, int max_batch, uint64_t seed) {
   for (int i = 0; i < NACTS; i++) total += s[i];
   m->acts_memory = malloc(total * sizeof(real));
   m->dacts_memory = calloc(total, sizeof(real));
-  m->scratch = malloc((size_t)max_batch * c->heads * 2 * c->context * sizeof(real));
-  if (!m->params || !m->grads || !m->acts_memory || !m->dacts_memory || !m->scratch) goto oom;
+  if (!m->params || !m->grads || !m->acts_memory || !m->dacts_memory) goto oom;
   bind(m, m->params, &m->w);
   bind(m, m->grads, &m->g);
   init_weights(m, seed);
@@ -192,7 +193,6 @@ void gpt_free(gpt_model *m) {
   free(m->grads);
   free(m->acts_memory);
   free(m->dacts_memory);
-  free(m->scratch);
   memset(m, 0, sizeof *m);
 }
 
@@ -223,8 +223,10 @@ static void layernorm_forward(real *out, real *mean, real *rstd, const real *inp
   for (int n = 0; n < N; n++) {
     const real *x = inp + (size_t)n * C;
     real m = 0, v = 0;
+#pragma omp simd reduction(+ : m)
     for (int i = 0; i < C; i++) m += x[i];
     m /= C;
+#pragma omp simd reduction(+ : v)
     for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
     v /= C;
     real s = 1 / sqrt(v + LN_EPS);
@@ -235,58 +237,90 @@ static void layernorm_forward(real *out, real *mean, real *rstd, const real *inp
   }
 }
 
-/* out (N, OC) = inp (N, C) . w (OC, C)^T + bias (OC). */
-static void matmul_forward(real *out, const real *inp, const real *w, const real *bias, int N, int C, int OC) {
-  if (bias) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(real) * (size_t)OC);
-  }
-  gemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1, inp, C, w, C, bias ? 1 : 0, out, OC);
+/* Rows [n0, n1) of N for this OpenMP thread. The matrix products are split
+ * over output rows between the threads, each calling a single-threaded BLAS
+ * (OpenBLAS's own threads are off: see train.c). */
+static void thread_rows(int N, int *n0, int *n1) {
+  const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+  *n0 = (int)((int64_t)N * id / nt);
+  *n1 = (int)((int64_t)N * (id + 1) / nt);
 }
 
-/* Causal multi-head attention. qkv (B,T,3C) holds q, k, v side by side;
- * att (B,NH,T,T) keeps the softmax weights, out (B,T,C) the heads' outputs. */
+/* out (N, OC) = inp (N, C) . w (OC, C)^T + bias (OC). */
+static void matmul_forward(real *out, const real *inp, const real *w, const real *bias, int N, int C, int OC) {
+#pragma omp parallel
+  {
+    int n0, n1;
+    thread_rows(N, &n0, &n1);
+    if (bias)
+      for (int n = n0; n < n1; n++) memcpy(out + (size_t)n * OC, bias, sizeof(real) * (size_t)OC);
+    if (n1 > n0)
+      gemm(CblasRowMajor, CblasNoTrans, CblasTrans, n1 - n0, OC, C, 1, inp + (size_t)n0 * C, C, w, C, bias ? 1 : 0,
+           out + (size_t)n0 * OC, OC);
+  }
+}
+
+/* Causal multi-head attention, per (batch, head) with matrix products:
+ * scores = q k^T / sqrt(hs) (the upper triangle is computed, then masked),
+ * att = softmax over t2 <= t, out = att v. qkv (B,T,3C) holds q, k, v side
+ * by side; att (B,NH,T,T) keeps the weights; out is (B,T,C). */
 static void attention_forward(real *out, real *att, const real *qkv, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const real scale = 1 / sqrt((real)hs);
-#pragma omp parallel for collapse(3) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++)
-    for (int t = 0; t < T; t++)
-      for (int h = 0; h < NH; h++) {
-        const real *q = qkv + (size_t)(b * T + t) * C3 + h * hs;
-        real *a = att + ((size_t)(b * NH + h) * T + t) * T;
-        real maxv = -INFINITY;
+    for (int h = 0; h < NH; h++) {
+      const real *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+      real *a = att + (size_t)(b * NH + h) * T * T;
+      gemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0, a, T);
+      for (int t = 0; t < T; t++) {
+        real *r = a + (size_t)t * T, maxv = r[0], sum = 0;
+        for (int t2 = 1; t2 <= t; t2++) maxv = r[t2] > maxv ? r[t2] : maxv;
         for (int t2 = 0; t2 <= t; t2++) {
-          const real *k = qkv + (size_t)(b * T + t2) * C3 + C + h * hs;
-          real dot = 0;
-          for (int i = 0; i < hs; i++) dot += q[i] * k[i];
-          a[t2] = dot * scale;
-          if (a[t2] > maxv) maxv = a[t2];
+          r[t2] = exp(r[t2] - maxv);
+          sum += r[t2];
         }
-        real sum = 0;
-        for (int t2 = 0; t2 <= t; t2++) {
-          a[t2] = exp(a[t2] - maxv);
-          sum += a[t2];
-        }
-        for (int t2 = 0; t2 <= t; t2++) a[t2] /= sum;
-        for (int t2 = t + 1; t2 < T; t2++) a[t2] = 0;
-        real *o = out + (size_t)(b * T + t) * C + h * hs;
-        for (int i = 0; i < hs; i++) o[i] = 0;
-        for (int t2 = 0; t2 <= t; t2++) {
-          const real *v = qkv + (size_t)(b * T + t2) * C3 + 2 * C + h * hs;
-          for (int i = 0; i < hs; i++) o[i] += a[t2] * v[i];
-        }
+        for (int t2 = 0; t2 <= t; t2++) r[t2] /= sum;
+        for (int t2 = t + 1; t2 < T; t2++) r[t2] = 0;
       }
+      gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1, a, T, v, C3, 0, out + (size_t)b * T * C + h * hs,
+           C);
+    }
 }
 
 #define GELU_K ((real)0.7978845608028654) /* sqrt(2/pi) */
+
+/* tanh for GELU. libm's tanhf is a scalar call and was a fifth of the step;
+ * in float this rational approximation (Eigen's fast tanh: |error| < 4e-7)
+ * vectorises. The float64 build keeps libm's, so the gradient check sees the
+ * exact function. */
+static inline real gelu_tanh(real x) {
+#ifdef GPT_DOUBLE
+  return tanh(x);
+#else
+  const float c = 7.90531110763549805f;
+  const float xc = x > c ? c : x < -c ? -c : x, x2 = xc * xc;
+  float p = -2.76076847742355e-16f;
+  p = p * x2 + 2.00018790482477e-13f;
+  p = p * x2 - 8.60467152213735e-11f;
+  p = p * x2 + 5.12229709037114e-08f;
+  p = p * x2 + 1.48572235717979e-05f;
+  p = p * x2 + 6.37261928875436e-04f;
+  p = p * x2 + 4.89352455891786e-03f;
+  float q = 1.19825839466702e-06f;
+  q = q * x2 + 1.18534705686654e-04f;
+  q = q * x2 + 2.26843463243900e-03f;
+  q = q * x2 + 4.89352518554385e-03f;
+  return fabsf(x) < 0.0004f ? x : xc * p / q;
+#endif
+}
 
 /* GELU, tanh approximation (GPT-2). */
 static void gelu_forward(real *out, const real *inp, size_t N) {
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < N; i++) {
     real x = inp[i];
-    out[i] = (real)0.5 * x * (1 + tanh(GELU_K * (x + (real)0.044715 * x * x * x)));
+    out[i] = (real)0.5 * x * (1 + gelu_tanh(GELU_K * (x + (real)0.044715 * x * x * x)));
   }
 }
 
@@ -339,6 +373,7 @@ static void layernorm_backward(real *dinp, real *dw, real *db, const real *dout,
     real *di = dinp + (size_t)n * C;
     const real m = mean[n], s = rstd[n];
     real dnorm_mean = 0, dnorm_norm_mean = 0;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
     for (int i = 0; i < C; i++) {
       real norm = (x[i] - m) * s, dnorm = w[i] * d[i];
       dnorm_mean += dnorm;
@@ -351,73 +386,74 @@ static void layernorm_backward(real *dinp, real *dw, real *db, const real *dout,
       di[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
   }
-  /* Gain and bias: per channel, summed over rows in order. */
+  /* Gain and bias: each thread owns a block of channels and sums the rows
+   * in order (contiguous along channels, so it vectorises). */
 #pragma omp parallel for schedule(static)
-  for (int i = 0; i < C; i++) {
-    real sw = 0, sb = 0;
+  for (int c0 = 0; c0 < C; c0 += CBLK) {
+    const int c1 = c0 + CBLK < C ? c0 + CBLK : C;
     for (int n = 0; n < N; n++) {
-      real d = dout[(size_t)n * C + i];
-      sw += (inp[(size_t)n * C + i] - mean[n]) * rstd[n] * d;
-      sb += d;
+      const real *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+      const real m = mean[n], s = rstd[n];
+      for (int i = c0; i < c1; i++) {
+        dw[i] += (x[i] - m) * s * d[i];
+        db[i] += d[i];
+      }
     }
-    dw[i] += sw;
-    db[i] += sb;
   }
 }
 
-/* Gradients of out = inp . w^T + bias. */
+/* Gradients of out = inp . w^T + bias: dinp split over its rows, dw and
+ * dbias over theirs (output channels), so no two threads write one value. */
 static void matmul_backward(real *dinp, real *dw, real *dbias, const real *dout, const real *inp, const real *w,
                             int N, int C, int OC) {
-  gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1, dout, OC, w, C, 1, dinp, C);
-  gemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1, dout, OC, inp, C, 1, dw, C);
-  if (!dbias) return;
-#pragma omp parallel for schedule(static)
-  for (int o = 0; o < OC; o++) {
-    real s = 0;
-    for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
-    dbias[o] += s;
+#pragma omp parallel
+  {
+    int n0, n1, o0, o1;
+    thread_rows(N, &n0, &n1);
+    thread_rows(OC, &o0, &o1);
+    if (n1 > n0)
+      gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n1 - n0, C, OC, 1, dout + (size_t)n0 * OC, OC, w, C, 1,
+           dinp + (size_t)n0 * C, C);
+    if (o1 > o0)
+      gemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N, 1, dout + o0, OC, inp, C, 1, dw + (size_t)o0 * C,
+           C);
+    if (dbias)
+      for (int n = 0; n < N; n++) {
+        const real *d = dout + (size_t)n * OC;
+        for (int o = o0; o < o1; o++) dbias[o] += d[o];
+      }
   }
 }
 
-/* Each (batch, head) owns its slices of dqkv, so they run in parallel. */
-static void attention_backward(real *dqkv, real *scratch, const real *dout, const real *qkv, const real *att, int B,
+/* Backward of attention_forward for each (batch, head); datt (B,NH,T,T) is
+ * scratch for the gradient of the weights and then of the scores. */
+static void attention_backward(real *dqkv, real *datt, const real *dout, const real *qkv, const real *att, int B,
                                int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const real scale = 1 / sqrt((real)hs);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
-      real *datt = scratch + (size_t)(b * NH + h) * 2 * T, *dpre = datt + T;
+      const size_t off = (size_t)b * T * C3 + h * hs;
+      const real *q = qkv + off, *k = q + C, *v = q + 2 * C;
+      real *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+      const real *a = att + (size_t)(b * NH + h) * T * T, *d = dout + (size_t)b * T * C + h * hs;
+      real *da = datt + (size_t)(b * NH + h) * T * T;
+      /* out = att v */
+      gemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1, d, C, v, C3, 0, da, T);
+      gemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1, a, T, d, C, 1, dv, C3);
+      /* softmax (and the score scale): dscore = a * (datt - sum(a * datt)) * scale */
       for (int t = 0; t < T; t++) {
-        const real *a = att + ((size_t)(b * NH + h) * T + t) * T;
-        const real *d = dout + (size_t)(b * T + t) * C + h * hs;
-        const real *q = qkv + (size_t)(b * T + t) * C3 + h * hs;
-        real *dq = dqkv + (size_t)(b * T + t) * C3 + h * hs;
-        /* out = sum_t2 a[t2] v[t2] */
-        for (int t2 = 0; t2 <= t; t2++) {
-          const real *v = qkv + (size_t)(b * T + t2) * C3 + 2 * C + h * hs;
-          real *dv = dqkv + (size_t)(b * T + t2) * C3 + 2 * C + h * hs;
-          real s = 0;
-          for (int i = 0; i < hs; i++) {
-            s += v[i] * d[i];
-            dv[i] += a[t2] * d[i];
-          }
-          datt[t2] = s;
-        }
-        /* softmax: dpre = a * (datt - sum(a * datt)) */
-        real dot = 0;
-        for (int t2 = 0; t2 <= t; t2++) dot += a[t2] * datt[t2];
-        for (int t2 = 0; t2 <= t; t2++) dpre[t2] = a[t2] * (datt[t2] - dot) * scale;
-        /* pre = scale * q . k[t2] */
-        for (int t2 = 0; t2 <= t; t2++) {
-          const real *k = qkv + (size_t)(b * T + t2) * C3 + C + h * hs;
-          real *dk = dqkv + (size_t)(b * T + t2) * C3 + C + h * hs;
-          for (int i = 0; i < hs; i++) {
-            dq[i] += dpre[t2] * k[i];
-            dk[i] += dpre[t2] * q[i];
-          }
-        }
+        const real *r = a + (size_t)t * T;
+        real *dr = da + (size_t)t * T, dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int t2 = 0; t2 <= t; t2++) dot += r[t2] * dr[t2];
+        for (int t2 = 0; t2 <= t; t2++) dr[t2] = r[t2] * (dr[t2] - dot) * scale;
+        for (int t2 = t + 1; t2 < T; t2++) dr[t2] = 0;
       }
+      /* scores = q k^T */
+      gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1, da, T, k, C3, 1, dq, C3);
+      gemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1, da, T, q, C3, 1, dk, C3);
     }
 }
 
@@ -425,7 +461,7 @@ static void gelu_backward(real *dinp, const real *inp, const real *dout, size_t 
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < N; i++) {
     real x = inp[i], u = GELU_K * (x + (real)0.044715 * x * x * x);
-    real th = tanh(u), sech2 = 1 - th * th;
+    real th = gelu_tanh(u), sech2 = 1 - th * th;
     real grad = (real)0.5 * (1 + th) + (real)0.5 * x * sech2 * GELU_K * (1 + 3 * (real)0.044715 * x * x);
     dinp[i] += grad * dout[i];
   }
@@ -545,7 +581,7 @@ void gpt_backward(gpt_model *m) {
                        LAYER(a->ln2_rstd, 1), (int)BT, C);
     residual_backward(dx, dattproj, dres2, BT * C);
     matmul_backward(datty, gp->projw, gp->projb, dattproj, atty, p->projw, (int)BT, C, C);
-    attention_backward(dqkv, m->scratch, datty, qkv, att, B, T, C, NH);
+    attention_backward(dqkv, d->att + (size_t)l * BT * NH * T, datty, qkv, att, B, T, C, NH);
     matmul_backward(dln1, gp->qkvw, gp->qkvb, dqkv, ln1, p->qkvw, (int)BT, C, 3 * C);
     layernorm_backward(dx, gp->ln1w, gp->ln1b, dln1, x, p->ln1w, LAYER(a->ln1_mean, 1), LAYER(a->ln1_rstd, 1),
                        (int)BT, C);

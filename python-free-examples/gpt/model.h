@@ -86,7 +86,6 @@ typedef struct {
   int max_batch;        /* activations are sized for max_batch x context */
   gpt_acts a, da;       /* activations and their gradients */
   real *acts_memory, *dacts_memory;
-  real *scratch;        /* attention backward: 2*T per (batch, head) */
   /* the last forward pass */
   int B, T;
   const uint8_t *inputs, *targets;
