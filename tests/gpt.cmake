@@ -13,3 +13,24 @@ if(TARGET test_gpt_gradcheck)
     set_tests_properties(test_gpt_gradcheck PROPERTIES DISABLED TRUE)
   endif()
 endif()
+
+# End-to-end runs of the trainer binary.
+if(TARGET test_gpt_train)
+  if(GPT_TESTS_ENABLED)
+    target_compile_definitions(test_gpt_train PRIVATE GPT_TRAIN="$<TARGET_FILE:gpt-train>")
+    add_dependencies(test_gpt_train gpt-train)
+  else()
+    set_target_properties(test_gpt_train PROPERTIES EXCLUDE_FROM_ALL TRUE)
+    set_tests_properties(test_gpt_train PROPERTIES DISABLED TRUE)
+  endif()
+endif()
+
+# The trainer under mpirun against in-process ranks (MPI builds only; without
+# MPI the suite compiles to one skipped test).
+if(TARGET test_gpt_mpi)
+  if(GPT_TESTS_ENABLED AND DISTRO_WITH_MPI AND MPIEXEC_EXECUTABLE)
+    target_compile_definitions(test_gpt_mpi PRIVATE GPT_TRAIN="$<TARGET_FILE:gpt-train>"
+                                                    MPIEXEC="${MPIEXEC_EXECUTABLE}")
+    add_dependencies(test_gpt_mpi gpt-train)
+  endif()
+endif()

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "train.h" /* optim_name, values_name */
 #include "util.h"
 
 _Static_assert(sizeof(real) == 4, "checkpoints hold float32 parameters");
@@ -210,9 +211,14 @@ static int parse(const unsigned char *buf, size_t n, const char *path, const ckp
   if (get(&c, got, sizeof got) || get(&c, step, 8) || get(&c, &np, 8)) goto truncated;
   header_fields(meta, want);
   for (int i = 0; i < 10; i++)
-    if (got[i] != want[i] && !(i >= 7 && meta->optim == 0 /* AdamW: no topk/chunk/values */)) {
-      snprintf(err, errlen, "checkpoint '%s' was written with %s %d; this run has %d", path, field_name[i], got[i],
-               want[i]);
+    if (got[i] != want[i] && !(i >= 7 && meta->optim == GPT_OPT_ADAMW /* no topk/chunk/values */)) {
+      if (i == 5 || i == 9) /* by name */
+        snprintf(err, errlen, "checkpoint '%s' was written with %s %s; this run has %s", path, field_name[i],
+                 i == 5 ? optim_name((gpt_optim_kind)got[i]) : values_name((distro_values)got[i]),
+                 i == 5 ? optim_name((gpt_optim_kind)want[i]) : values_name((distro_values)want[i]));
+      else
+        snprintf(err, errlen, "checkpoint '%s' was written with %s %d; this run has %d", path, field_name[i],
+                 got[i], want[i]);
       return -1;
     }
   if (np != m->nparams) {

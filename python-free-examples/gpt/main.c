@@ -245,7 +245,7 @@ int main(int argc, char **argv) {
     if (lead) fprintf(stderr, "gpt: %s\n", err);
     rc = 1;
   } else {
-    if (lead) {
+    if (lead && !c.quiet) {
       const int world = comm ? distro_comm_size(comm) : c.ranks;
       printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data.source, data.n, data.ntrain,
              data.n - data.ntrain);
@@ -258,7 +258,7 @@ int main(int argc, char **argv) {
       rc = compare_run(&c, &ov, &data, comm, plot_path);
     } else {
       train_result res;
-      if (lead) {
+      if (lead && !c.quiet) {
         printf("optimizer: %s, lr %g", optim_name(c.optim), (double)c.lr);
         if (c.optim != GPT_OPT_ADAMW)
           printf(", topk %d, chunk %d, decay %g, %s values", c.topk, c.chunk, (double)c.decay, values_name(c.values));

@@ -200,7 +200,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       goto done;
     }
   }
-  if (log && ftell(log) == 0)
+  if (log && fseek(log, 0, SEEK_END) == 0 && ftell(log) == 0) /* new file (a resume appends) */
     fprintf(log, "step,lr,train_loss,val_loss,grad_norm,tokens,bytes_sent,bytes_recv,total_sent,total_recv,"
                  "step_s,optim_s,exchange_s,elapsed_s\n");
 

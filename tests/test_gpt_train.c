@@ -1,0 +1,289 @@
+/* The GPT trainer (python-free-examples/gpt) end to end: the binary is run on
+ * a tiny model and a generated text, and its exit status, messages, CSV log
+ * and parameter checksum are checked. GPT_TRAIN is the binary's path. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef GPT_TRAIN
+#error "GPT_TRAIN (path of gpt-train) must be defined by tests/gpt.cmake"
+#endif
+
+static char dir[256];
+static char corpus[300];
+
+/* Readable pseudo-English, the same every time. */
+static void write_corpus(const char *path, size_t bytes) {
+  static const char *words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to",
+                                "see", "dog", "who", "was", "very", "happy", "with", "his", "old", "red", "ball"};
+  FILE *f = fopen(path, "w");
+  cr_assert(f);
+  uint64_t s = 12345;
+  size_t n = 0;
+  while (n < bytes) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const char *w = words[(s >> 33) % (sizeof words / sizeof *words)];
+    n += (size_t)fprintf(f, "%s%s", w, (s >> 20) % 7 == 0 ? ".\n" : " ");
+  }
+  fclose(f);
+}
+
+static void setup(void) {
+  snprintf(dir, sizeof dir, "/tmp/test_gpt_train.XXXXXX");
+  cr_assert(mkdtemp(dir));
+  snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
+  write_corpus(corpus, 40000);
+}
+
+static void teardown(void) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+/* Runs a shell command; its stdout and stderr go to *out (caller frees).
+ * Returns the exit status. */
+static int run(const char *cmd, char **out) {
+  char full[8192];
+  snprintf(full, sizeof full, "%s 2>&1", cmd);
+  FILE *p = popen(full, "r");
+  cr_assert(p, "popen failed");
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  size_t got;
+  while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+    n += got;
+    if (cap - n < 1024) buf = realloc(buf, cap *= 2);
+  }
+  buf[n] = 0;
+  int st = pclose(p);
+  *out = buf;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The tiny setting: 1 layer, dim 32, context 32, 2 ranks x batch 4, 1 thread each. */
+#define TINY "--layers 1 --dim 32 --heads 2 --context 32 --batch 4 --ranks 2 --threads 1 --eval-batches 2"
+
+/* Runs the trainer with `args` on the generated corpus, expecting success. */
+static char *train(const char *args) {
+  char cmd[4096], *out;
+  snprintf(cmd, sizeof cmd, "'%s' --data '%s' " TINY " %s", GPT_TRAIN, corpus, args);
+  int rc = run(cmd, &out);
+  cr_assert_eq(rc, 0, "gpt-train failed (exit %d):\n%s\n%s", rc, cmd, out);
+  return out;
+}
+
+/* Column `col` (0-based) of every line after the header of a CSV file. */
+static int csv_column(const char *path, int col, char vals[][32], int max) {
+  FILE *f = fopen(path, "r");
+  cr_assert(f, "no log %s", path);
+  char line[1024];
+  int n = 0;
+  cr_assert(fgets(line, sizeof line, f)); /* header */
+  while (n < max && fgets(line, sizeof line, f)) {
+    char *p = line;
+    for (int c = 0; c < col; c++) p = strchr(p, ',') + 1;
+    size_t len = strcspn(p, ",\n");
+    snprintf(vals[n++], 32, "%.*s", (int)len, p);
+  }
+  fclose(f);
+  return n;
+}
+
+static unsigned long long checksum_of(const char *out) {
+  const char *p = strstr(out, "param checksum ");
+  cr_assert(p, "no checksum in output:\n%s", out);
+  return strtoull(p + 15, NULL, 16);
+}
+
+static const char *OPTIMS[] = {"adamw", "distro", "distro-adamw"};
+
+TestSuite(gpt_train, .init = setup, .fini = teardown);
+
+Test(gpt_train, loss_decreases) {
+  for (int i = 0; i < 3; i++) {
+    char args[2048], log[400], v[80][32];
+    snprintf(log, sizeof log, "%s/%s.csv", dir, OPTIMS[i]);
+    /* Learning rates for this tiny model (the defaults are tuned for the demo). */
+    snprintf(args, sizeof args, "--optim %s --lr %s --steps 80 --eval-every 0 --log '%s'", OPTIMS[i],
+             i == 1 ? "2e-3" : "3e-3", log);
+    free(train(args));
+    cr_assert_eq(csv_column(log, 2, v, 80), 80);
+    double first = 0, last = 0;
+    for (int s = 0; s < 5; s++) {
+      first += atof(v[s]) / 5;
+      last += atof(v[75 + s]) / 5;
+    }
+    cr_expect(last < first - 1.5, "%s: train loss did not fall: first steps %.3f, last steps %.3f", OPTIMS[i],
+              first, last);
+  }
+}
+
+Test(gpt_train, same_seed_same_losses) {
+  for (int i = 0; i < 3; i++) {
+    char args[2048], log[3][400], a[30][32], b[30][32], c[30][32];
+    unsigned long long sum[3];
+    for (int k = 0; k < 3; k++) {
+      snprintf(log[k], sizeof log[k], "%s/%s.%d.csv", dir, OPTIMS[i], k);
+      snprintf(args, sizeof args, "--optim %s --steps 30 --eval-every 10 --seed %d --checksum --log '%s'", OPTIMS[i],
+               k == 2 ? 8 : 7, log[k]);
+      char *out = train(args);
+      sum[k] = checksum_of(out);
+      free(out);
+    }
+    cr_assert_eq(csv_column(log[0], 2, a, 30), 30);
+    cr_assert_eq(csv_column(log[1], 2, b, 30), 30);
+    cr_assert_eq(csv_column(log[2], 2, c, 30), 30);
+    for (int s = 0; s < 30; s++)
+      cr_assert_str_eq(a[s], b[s], "%s: step %d: loss %s then %s with the same seed", OPTIMS[i], s + 1, a[s], b[s]);
+    cr_assert_eq(sum[0], sum[1], "%s: parameters differ between two runs with the same seed", OPTIMS[i]);
+    cr_assert_neq(sum[0], sum[2], "%s: another seed gave the same parameters", OPTIMS[i]);
+    cr_assert_str_neq(a[0], c[0], "%s: another seed gave the same first loss", OPTIMS[i]);
+  }
+}
+
+Test(gpt_train, resume_continues_the_same_run) {
+  for (int i = 0; i < 3; i++) {
+    char args[2048], full[400], part[400], ck[400], a[30][32], b[30][32];
+    snprintf(full, sizeof full, "%s/full.%s.csv", dir, OPTIMS[i]);
+    snprintf(part, sizeof part, "%s/part.%s.csv", dir, OPTIMS[i]);
+    snprintf(ck, sizeof ck, "%s/ck.%s.bin", dir, OPTIMS[i]);
+    snprintf(args, sizeof args, "--optim %s --steps 24 --eval-every 8 --checksum --log '%s'", OPTIMS[i], full);
+    char *out = train(args);
+    const unsigned long long want = checksum_of(out);
+    free(out);
+    /* Stop after 11 steps (between evaluations), then resume to the end. */
+    snprintf(args, sizeof args, "--optim %s --steps 24 --eval-every 8 --stop-after 11 --save '%s' --log '%s'",
+             OPTIMS[i], ck, part);
+    free(train(args));
+    struct stat st;
+    cr_assert_eq(stat(ck, &st), 0, "no checkpoint written");
+    snprintf(args, sizeof args, "--optim %s --steps 24 --eval-every 8 --checksum --resume '%s' --log '%s'", OPTIMS[i],
+             ck, part);
+    out = train(args);
+    cr_assert_eq(checksum_of(out), want, "%s: resumed run ends with other parameters\n%s", OPTIMS[i], out);
+    free(out);
+    cr_assert_eq(csv_column(full, 2, a, 30), 24);
+    cr_assert_eq(csv_column(part, 2, b, 30), 24, "the resumed run appends to the log");
+    for (int s = 0; s < 24; s++)
+      cr_assert_str_eq(a[s], b[s], "%s: step %d: loss %s uninterrupted, %s with a resume after step 11", OPTIMS[i],
+                       s + 1, a[s], b[s]);
+    /* No temporary files left next to the checkpoint. */
+    char cmd[600], *ls;
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -c -e tmp -e rank", dir);
+    run(cmd, &ls);
+    cr_assert_eq(atoi(ls), 0, "temporary files left behind");
+    free(ls);
+  }
+}
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* Runs with `args` (no --data unless given), expects exit `code` and `msg` in the output. */
+static void expect_error(const char *args, int code, const char *msg) {
+  char cmd[4096], *out;
+  snprintf(cmd, sizeof cmd, "'%s' %s", GPT_TRAIN, args);
+  int rc = run(cmd, &out);
+  cr_expect_eq(rc, code, "%s: exit %d, expected %d\n%s", args, rc, code, out);
+  cr_expect(strstr(out, msg), "%s: output lacks \"%s\":\n%s", args, msg, out);
+  free(out);
+}
+
+TestSuite(gpt_errors, .init = setup, .fini = teardown);
+
+Test(gpt_errors, bad_flags) {
+  expect_error("--bogus", 2, "unknown option '--bogus'");
+  expect_error("--steps", 2, "--steps needs a value");
+  expect_error("--steps abc", 2, "--steps: 'abc' is not an integer");
+  expect_error("--steps 0", 2, "--steps must be >= 1");
+  expect_error("--lr fast", 2, "--lr: 'fast' is not a number");
+  expect_error("--optim sgd", 2, "--optim: 'sgd' is not one of adamw, distro, distro-adamw");
+  expect_error("--values f8", 2, "--values: 'f8' is not one of f32, bf16, sign1");
+  expect_error("--dim 30 --heads 4", 2, "dim must be a multiple of heads");
+  expect_error("--decay 1", 2, "--decay must be < 1");
+  expect_error("--plot x.png", 2, "--plot needs --compare");
+  expect_error("--stop-after 5", 2, "--stop-after needs --save");
+  expect_error("--optim adamw --topk 4", 2, "DisTrO settings");
+  expect_error("--seed -1", 2, "--seed: '-1' is not a non-negative integer");
+  char *out;
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "'%s' --help", GPT_TRAIN);
+  cr_assert_eq(run(cmd, &out), 0);
+  cr_assert(strstr(out, "usage: gpt-train") && strstr(out, "--compare"));
+  free(out);
+}
+
+Test(gpt_errors, bad_data) {
+  char args[2048], path[400];
+  snprintf(args, sizeof args, "--data '%s/missing.txt'", dir);
+  expect_error(args, 1, "cannot open data file");
+  snprintf(path, sizeof path, "%s/empty.txt", dir);
+  fclose(fopen(path, "w"));
+  snprintf(args, sizeof args, "--data '%s'", path);
+  expect_error(args, 1, "is empty");
+  snprintf(path, sizeof path, "%s/short.txt", dir);
+  write_corpus(path, 500);
+  snprintf(args, sizeof args, "--data '%s' --context 32", path);
+  expect_error(args, 1, "is too short: ");
+  snprintf(args, sizeof args, "--data '%s'", dir);
+  expect_error(args, 1, "is not a regular file");
+}
+
+Test(gpt_errors, bad_checkpoints) {
+  char args[2048], ck[400];
+  snprintf(ck, sizeof ck, "%s/ck.bin", dir);
+  snprintf(args, sizeof args, "--optim distro --steps 4 --save '%s'", ck);
+  free(train(args));
+  /* Another model, another optimizer, another rank count, a damaged file, none. */
+  snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --steps 8 --dim 64 --resume '%s'", corpus, ck);
+  expect_error(args, 1, "was written with dim 32; this run has 64");
+  snprintf(args, sizeof args, "--data '%s' " TINY " --optim adamw --steps 8 --resume '%s'", corpus, ck);
+  expect_error(args, 1, "was written with optimizer distro; this run has adamw");
+  snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --steps 8 --ranks 3 --resume '%s'", corpus, ck);
+  expect_error(args, 1, "was written with ranks 2; this run has 3");
+  snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --steps 2 --resume '%s'", corpus, ck);
+  expect_error(args, 1, "beyond --steps 2");
+  FILE *f = fopen(ck, "r+b");
+  cr_assert(f);
+  fseek(f, 100, SEEK_SET);
+  fputc(0x5a, f);
+  fclose(f);
+  snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --steps 8 --resume '%s'", corpus, ck);
+  expect_error(args, 1, "is corrupt (checksum mismatch)");
+  snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --steps 8 --resume '%s/none.bin'", corpus, dir);
+  expect_error(args, 1, "cannot read checkpoint");
+}
+
+/* ---- --compare ------------------------------------------------------------ */
+
+Test(gpt_train, compare_prints_the_table_and_plots) {
+  char args[2048], png[400];
+  snprintf(png, sizeof png, "%s/cmp.png", dir);
+  snprintf(args, sizeof args, "--compare --steps 12 --eval-every 4 --print-every 100 --plot '%s'", png);
+  char *out = train(args);
+  cr_assert(strstr(out, "== Comparison"), "no table:\n%s", out);
+  for (int i = 0; i < 3; i++) {
+    char row[64];
+    snprintf(row, sizeof row, "\n%-13s ", OPTIMS[i]);
+    cr_assert(strstr(out, row), "no row for %s:\n%s", OPTIMS[i], out);
+  }
+  cr_assert(strstr(out, "targets: "), "no target line:\n%s", out);
+  struct stat st;
+  cr_assert_eq(stat(png, &st), 0, "no plot written:\n%s", out);
+  cr_assert_gt(st.st_size, 1000);
+  free(out);
+
+  /* Without gnuplot: the table still comes, then a clear message and exit 2. */
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "PATH=/nonexistent '%s' --data '%s' " TINY " --compare --steps 2 --plot '%s'",
+           GPT_TRAIN, corpus, png);
+  int rc = run(cmd, &out);
+  cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+  cr_assert(strstr(out, "== Comparison") && strstr(out, "gnuplot is not installed"), "%s", out);
+  free(out);
+}
