@@ -70,47 +70,76 @@ static inline int64_t chunk_offset(const distro__tiling *t, int64_t c, uint32_t 
   return (r0 + i / t->w) * t->cols + c0 + i % t->w;
 }
 
+/* Selects the k largest of one chunk whose magnitude bits are in mag[0..n):
+ * a 256-bucket histogram of the exponent finds the bucket holding the k-th
+ * largest; everything above it is in, and only that bucket's members go
+ * through an exact selection on (magnitude, index) keys. Typically a few
+ * dozen candidates instead of the whole chunk. */
+static void select_chunk(const uint32_t *mag, const int32_t *hist, int64_t n, int64_t k, uint64_t *cand,
+                         uint32_t *out) {
+  int64_t above = 0;
+  int t = 255;
+  for (; t > 0; t--) {
+    if (above + hist[t] >= k) break;
+    above += hist[t];
+  }
+  int64_t m = 0, nc = 0;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t e = mag[i] >> 23;
+    if (e > (uint32_t)t) out[m++] = (uint32_t)i;
+    else if (e == (uint32_t)t) cand[nc++] = ((uint64_t)mag[i] << 32) | (uint64_t)(0xffffffffu - (uint32_t)i);
+  }
+  const int64_t need = k - m;
+  select_largest(cand, nc, need);
+  for (int64_t j = 0; j < need; j++) out[m++] = 0xffffffffu - (uint32_t)(cand[j] & 0xffffffffu);
+  sort_indices(out, k);
+}
+
 void distro__topk_tiles(const distro__tiling *t, const float *coef, uint32_t *idx, float *val) {
   const int64_t n = t->chunk_elems, k = t->k;
 #pragma omp parallel
   {
-    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)n);
+    /* Per-thread scratch; without it (allocation failed) fall back to a
+     * slow but allocation-free scan, since selection cannot fail. */
+    uint32_t *mag = malloc(sizeof(uint32_t) * (size_t)n);
+    uint64_t *cand = malloc(sizeof(uint64_t) * (size_t)n);
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < t->nchunks; c++) {
       uint32_t *ci = idx + c * k;
       float *cv = val + c * k;
       const int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
-      if (k == n || !keys) {
-        /* Everything is kept (or no scratch: fall back to a full scan). */
-        if (k == n) {
-          for (int64_t i = 0; i < n; i++) ci[i] = (uint32_t)i;
-        } else {
-          /* Repeated max scan: O(n k) but allocation-free. */
-          uint64_t prev = UINT64_MAX;
-          for (int64_t j = 0; j < k; j++) {
-            uint64_t best = 0;
-            for (int64_t i = 0; i < n; i++) {
-              uint64_t key = topk_key(coef[chunk_offset(t, c, (uint32_t)i)], (uint32_t)i);
-              if (key < prev && key > best) best = key;
-            }
-            ci[j] = 0xffffffffu - (uint32_t)(best & 0xffffffffu);
-            prev = best;
-          }
-          sort_indices(ci, k);
-        }
-      } else {
+      if (k == n) {
+        for (int64_t i = 0; i < n; i++) ci[i] = (uint32_t)i;
+      } else if (mag && cand) {
+        int32_t hist[256] = {0};
         int64_t m = 0;
         for (int64_t b = 0; b < t->h; b++) {
           const float *row = coef + (r0 + b) * t->cols + c0;
-          for (int64_t d = 0; d < t->w; d++, m++) keys[m] = topk_key(row[d], (uint32_t)m);
+          for (int64_t d = 0; d < t->w; d++, m++) {
+            uint32_t bits;
+            memcpy(&bits, &row[d], sizeof bits);
+            mag[m] = bits & 0x7fffffffu;
+            hist[mag[m] >> 23]++;
+          }
         }
-        select_largest(keys, n, k);
-        for (int64_t j = 0; j < k; j++) ci[j] = 0xffffffffu - (uint32_t)(keys[j] & 0xffffffffu);
+        select_chunk(mag, hist, n, k, cand, ci);
+      } else {
+        uint64_t prev = UINT64_MAX;
+        for (int64_t j = 0; j < k; j++) {
+          uint64_t best = 0;
+          for (int64_t i = 0; i < n; i++) {
+            uint64_t key = topk_key(coef[chunk_offset(t, c, (uint32_t)i)], (uint32_t)i);
+            if (key < prev && key > best) best = key;
+          }
+          ci[j] = 0xffffffffu - (uint32_t)(best & 0xffffffffu);
+          prev = best;
+        }
         sort_indices(ci, k);
       }
       for (int64_t j = 0; j < k; j++) cv[j] = coef[chunk_offset(t, c, ci[j])];
     }
-    free(keys);
+    free(mag);
+    free(cand);
   }
 }
 

@@ -132,6 +132,7 @@ void distro__wire_write_tensor(uint8_t *buf, const distro__wire_layout *l, const
   const int64_t count = t[i].nchunks * t[i].k;
   uint8_t *is = buf + l->idx_off[i], *vs = buf + l->val_off[i];
   const int w = l->idx_width[i];
+#pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < count; j++) {
     if (w == 1) is[j] = (uint8_t)idx[j];
     else if (w == 2) put_u16(is + 2 * j, (uint16_t)idx[j]);
@@ -140,13 +141,20 @@ void distro__wire_write_tensor(uint8_t *buf, const distro__wire_layout *l, const
   switch (l->values) {
     case DISTRO_VALUES_F32: memcpy(vs, val, 4 * (size_t)count); break;
     case DISTRO_VALUES_BF16:
+#pragma omp parallel for schedule(static)
       for (int64_t j = 0; j < count; j++) put_u16(vs + 2 * j, distro__bf16_from_float(val[j]));
       break;
-    case DISTRO_VALUES_SIGN1:
-      memset(vs, 0, distro__wire_value_bytes(l->values, count));
-      for (int64_t j = 0; j < count; j++)
-        if (signbit(val[j])) vs[j >> 3] |= (uint8_t)(1u << (j & 7));
+    case DISTRO_VALUES_SIGN1: {
+      const int64_t nbytes = (count + 7) / 8;
+#pragma omp parallel for schedule(static)
+      for (int64_t b = 0; b < nbytes; b++) {
+        uint8_t byte = 0;
+        for (int64_t j = 8 * b; j < 8 * b + 8 && j < count; j++)
+          if (signbit(val[j])) byte |= (uint8_t)(1u << (j & 7));
+        vs[b] = byte;
+      }
       break;
+    }
   }
 }
 
@@ -200,31 +208,44 @@ distro_status distro__wire_validate(const uint8_t *buf, size_t size, const distr
         get_u32(d + 12) != (uint32_t)l->idx_width[i] || get_u64(d + 16) != (uint64_t)t[i].nchunks)
       return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d descriptor disagrees", peer, i);
   }
-  /* Indices strictly increasing within each chunk and in range; values finite. */
+  /* Indices strictly increasing within each chunk and in range; values
+   * finite. Scanned in parallel; the message names the first offender. */
   for (int i = 0; i < l->ntensors; i++) {
     const uint8_t *is = buf + l->idx_off[i], *vs = buf + l->val_off[i];
-    const int64_t k = t[i].k, n = t[i].chunk_elems;
+    const int64_t k = t[i].k, n = t[i].chunk_elems, count = t[i].nchunks * k;
+    const int width = l->idx_width[i];
+    int64_t bad_chunk = INT64_MAX;
+#pragma omp parallel for schedule(static) reduction(min : bad_chunk)
     for (int64_t c = 0; c < t[i].nchunks; c++) {
       int64_t prev = -1;
       for (int64_t j = c * k; j < (c + 1) * k; j++) {
-        int64_t ix = distro__wire_index(is, l->idx_width[i], j);
-        if (ix <= prev || ix >= n)
-          return distro__fail(DISTRO_ERR_PAYLOAD,
-                              "payload from rank %d: tensor %d chunk %lld: index %lld out of range or order", peer, i,
-                              (long long)c, (long long)ix);
+        int64_t ix = distro__wire_index(is, width, j);
+        if (ix <= prev || ix >= n) {
+          if (c < bad_chunk) bad_chunk = c;
+          break;
+        }
         prev = ix;
       }
     }
+    if (bad_chunk != INT64_MAX) {
+      int64_t prev = -1, ix = 0;
+      for (int64_t j = bad_chunk * k; j < (bad_chunk + 1) * k; j++) {
+        ix = distro__wire_index(is, width, j);
+        if (ix <= prev || ix >= n) break;
+        prev = ix;
+      }
+      return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d chunk %lld: index %lld out of range or order",
+                          peer, i, (long long)bad_chunk, (long long)ix);
+    }
     if (l->values != DISTRO_VALUES_SIGN1) {
-      const int64_t count = t[i].nchunks * k;
-      for (int64_t j = 0; j < count; j++)
-        if (!isfinite(distro__wire_value(vs, l->values, j)))
-          return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: non-finite value", peer, i);
-    } else {
+      int nonfinite = 0;
+#pragma omp parallel for schedule(static) reduction(| : nonfinite)
+      for (int64_t j = 0; j < count; j++) nonfinite |= !isfinite(distro__wire_value(vs, l->values, j));
+      if (nonfinite)
+        return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: non-finite value", peer, i);
+    } else if (count % 8 && (vs[count / 8] >> (count % 8))) {
       /* Padding bits past the last value must be zero (one encoding). */
-      const int64_t count = t[i].nchunks * k;
-      if (count % 8 && (vs[count / 8] >> (count % 8)))
-        return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: nonzero padding bits", peer, i);
+      return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: nonzero padding bits", peer, i);
     }
   }
   return DISTRO_OK;

@@ -38,11 +38,13 @@ static void aggregate_tensor(const distro_optim *o, int i, float *coef, uint16_t
   const distro__wire_layout *l = &o->layout;
   const int world = o->comm->size;
   const int64_t k = t->k;
-  memset(coef, 0, sizeof(float) * (size_t)(t->rows * t->cols));
-  memset(cnt, 0, sizeof(uint16_t) * (size_t)(t->rows * t->cols));
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < t->nchunks; c++) {
     const int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
+    for (int64_t b = 0; b < t->h; b++) {
+      memset(coef + (r0 + b) * t->cols + c0, 0, sizeof(float) * (size_t)t->w);
+      memset(cnt + (r0 + b) * t->cols + c0, 0, sizeof(uint16_t) * (size_t)t->w);
+    }
     for (int r = 0; r < world; r++) {
       const uint8_t *buf = o->recv + (size_t)r * l->total;
       const uint8_t *is = buf + l->idx_off[i], *vs = buf + l->val_off[i];
