@@ -39,6 +39,14 @@ static distro_status corrupt_allgather(distro_comm *c, const void *send, size_t 
   if (st == DISTRO_OK && k->armed) ((uint8_t *)recv)[(size_t)k->corrupt_rank * bytes + bytes / 2] ^= 0x10;
   return st;
 }
+static distro_status corrupt_allgatherv(distro_comm *c, const void *send, size_t bytes, void *recv, size_t slot,
+                                        size_t *sizes) {
+  corrupting *k = c->impl;
+  distro_status st = k->inner->ops->allgatherv(k->inner, send, bytes, recv, slot, sizes);
+  if (st == DISTRO_OK && k->armed)
+    ((uint8_t *)recv)[(size_t)k->corrupt_rank * slot + sizes[k->corrupt_rank] / 2] ^= 0x10;
+  return st;
+}
 static distro_status corrupt_allreduce(distro_comm *c, float *b, size_t n) {
   corrupting *k = c->impl;
   return k->inner->ops->allreduce_sum(k->inner, b, n);
@@ -47,7 +55,8 @@ static distro_status corrupt_barrier(distro_comm *c) {
   corrupting *k = c->impl;
   return k->inner->ops->barrier(k->inner);
 }
-static const distro__comm_ops corrupt_ops = {"corrupting", corrupt_allgather, corrupt_allreduce, corrupt_barrier, NULL};
+static const distro__comm_ops corrupt_ops = {"corrupting", corrupt_allgather, corrupt_allgatherv, corrupt_allreduce,
+                                             corrupt_barrier, NULL};
 
 static size_t numel(int i) { return (size_t)(shapes[i][0] * (ndims[i] == 2 ? shapes[i][1] : 1)); }
 

@@ -24,7 +24,9 @@ typedef enum {
 typedef enum {
   DISTRO_VALUES_F32,   /* 4 bytes per kept coefficient */
   DISTRO_VALUES_BF16,  /* 2 bytes, round-to-nearest-even */
-  DISTRO_VALUES_SIGN1  /* 1 bit: sign only; receivers use +-1 (a vote) */
+  DISTRO_VALUES_SIGN1, /* 1 bit: sign only; receivers use +-1 (a vote) */
+  DISTRO_VALUES_INT8,  /* per-chunk bf16 scale + 8-bit integers (wire v2) */
+  DISTRO_VALUES_INT4   /* per-chunk bf16 scale + 4-bit integers (wire v2) */
 } distro_values;
 
 #define DISTRO_OPTIONS_VERSION 1
@@ -38,10 +40,20 @@ typedef struct distro_options {
   int topk;                    /* coefficients kept per chunk (32) */
   distro_update update;
   distro_values values;
+  int wire_version;            /* 2 (default): entropy-coded indices, any codec;
+                                  1: fixed-size payloads, F32/BF16/SIGN1 only */
+  /* Robust aggregation for untrusted peers (both off by default, which is
+   * exact DeMo semantics): */
+  int drop_invalid_peers;      /* skip a peer whose payload fails validation
+                                  instead of failing the step */
+  float clip_median_multiple;  /* > 0: scale each peer's values of a tensor
+                                  down to this multiple of the median norm
+                                  across peers */
 } distro_options;
 
 /* Defaults: lr 4e-4, beta 0.9/0.95, eps 1e-8, weight decay 0.1 (AdamW) or
- * 0.0 (DeMo sign), decay 0.999, chunk 64, topk 32, SIGN update, F32 values. */
+ * 0.0 (DeMo sign), decay 0.999, chunk 64, topk 32, SIGN update, F32 values,
+ * wire version 2, no robust aggregation. */
 DISTRO_API distro_options distro_options_default(distro_algorithm alg);
 
 typedef struct distro_step_stats {
@@ -54,6 +66,9 @@ typedef struct distro_step_stats {
   double   seconds_decode;    /* validate + aggregate + update */
   double   seconds_total;
   int64_t  step;              /* steps completed after this one */
+  int      peers_dropped;     /* payloads skipped (drop_invalid_peers) */
+  uint64_t peers_dropped_mask; /* bit r: rank r's payload was skipped (r < 64) */
+  int      peers_clipped;     /* (peer, tensor) pairs scaled down by clipping */
 } distro_step_stats;
 
 typedef struct distro_optim distro_optim;
@@ -78,7 +93,8 @@ DISTRO_API distro_status distro_optim_save(const distro_optim *o, const char *pa
 DISTRO_API distro_status distro_optim_load(distro_optim *o, const char *path);
 
 /* Bytes of this rank's payload per step (DeMo), or of the gradient buffer
- * (AdamW), for the registered tensors. */
+ * (AdamW), for the registered tensors. With wire version 2 the size depends
+ * on the data; this is its upper bound (real sizes are in the step stats). */
 DISTRO_API distro_status distro_optim_payload_bytes(const distro_optim *o, uint64_t *bytes);
 
 /* Same figure without buffers: for shapes[i][0..ndims[i]-1], i < ntensors. */

@@ -28,6 +28,8 @@ const char *values_name(distro_values v) {
     case DISTRO_VALUES_F32: return "f32";
     case DISTRO_VALUES_BF16: return "bf16";
     case DISTRO_VALUES_SIGN1: return "sign1";
+    case DISTRO_VALUES_INT8: return "int8";
+    case DISTRO_VALUES_INT4: return "int4";
   }
   return "?";
 }

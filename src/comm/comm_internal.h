@@ -8,6 +8,10 @@
 typedef struct distro__comm_ops {
   const char *name; /* "local", "mpi", "nccl" */
   distro_status (*allgather)(distro_comm *c, const void *send, size_t bytes, void *recv);
+  /* Variable sizes: rank r's `bytes` (<= slot, the same on every rank)
+   * land at recv + r*slot and sizes[r] = its byte count. */
+  distro_status (*allgatherv)(distro_comm *c, const void *send, size_t bytes, void *recv, size_t slot,
+                              size_t *sizes);
   /* Must leave bit-identical results on every rank. */
   distro_status (*allreduce_sum)(distro_comm *c, float *buf, size_t count);
   distro_status (*barrier)(distro_comm *c);

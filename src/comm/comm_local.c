@@ -15,11 +15,12 @@
 #include "comm/comm_internal.h"
 #include "common/error.h"
 
-typedef enum { OP_ALLGATHER, OP_ALLREDUCE, OP_BARRIER } local_op;
+typedef enum { OP_ALLGATHER, OP_ALLGATHERV, OP_ALLREDUCE, OP_BARRIER } local_op;
 
 static const char *op_name(local_op op) {
   switch (op) {
     case OP_ALLGATHER: return "allgather";
+    case OP_ALLGATHERV: return "allgatherv";
     case OP_ALLREDUCE: return "allreduce_sum";
     case OP_BARRIER: return "barrier";
   }
@@ -29,7 +30,8 @@ static const char *op_name(local_op op) {
 typedef struct {
   local_op op;
   const void *send; /* allgather: this rank's send buffer; allreduce: its buf */
-  size_t n;         /* bytes (allgather) or floats (allreduce) */
+  size_t n;         /* bytes (allgather), slot bytes (allgatherv) or floats (allreduce) */
+  size_t len;       /* allgatherv: this rank's bytes */
   float *part;      /* allreduce: this rank's reduced slice */
   int ok;           /* 0 if this rank could not take part (no memory) */
 } local_slot;
@@ -112,6 +114,28 @@ static distro_status local_allgather(distro_comm *c, const void *send, size_t by
   return st;
 }
 
+static distro_status local_allgatherv(distro_comm *c, const void *send, size_t bytes, void *recv, size_t slot,
+                                      size_t *sizes) {
+  local_group *g = c->impl;
+  local_slot s = {.op = OP_ALLGATHERV, .send = send, .n = slot, .len = bytes, .ok = 1};
+  distro_status st = publish_and_check(c, s);
+  if (st == DISTRO_OK) {
+    for (int r = 0; r < g->world; r++)
+      if (g->slots[r].len > slot) {
+        st = distro__fail(DISTRO_ERR_COMM, "local comm allgatherv: rank %d sent %zu bytes, more than the %zu-byte slot",
+                          r, g->slots[r].len, slot);
+        break;
+      }
+  }
+  if (st == DISTRO_OK)
+    for (int r = 0; r < g->world; r++) {
+      if (g->slots[r].len) memcpy((char *)recv + (size_t)r * slot, g->slots[r].send, g->slots[r].len);
+      sizes[r] = g->slots[r].len;
+    }
+  group_wait(g); /* peers may still be reading our send buffer */
+  return st;
+}
+
 /* Rank r reduces elements [r*n/W, (r+1)*n/W) over ranks 0..W-1 in rank
  * order, so each element is summed in one fixed order whichever thread runs
  * first; then every rank copies all reduced slices into its own buffer. The
@@ -168,6 +192,7 @@ static void local_destroy(distro_comm *c) {
 static const distro__comm_ops local_ops = {
     .name = "local",
     .allgather = local_allgather,
+    .allgatherv = local_allgatherv,
     .allreduce_sum = local_allreduce_sum,
     .barrier = local_barrier,
     .destroy = local_destroy,

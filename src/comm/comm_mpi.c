@@ -90,6 +90,46 @@ fail:
   return st;
 }
 
+/* Sizes first (one small all-gather), then the payloads themselves. */
+static distro_status mpi_allgatherv(distro_comm *c, const void *send, size_t bytes, void *recv, size_t slot,
+                                    size_t *sizes) {
+  distro_status st = DISTRO_OK;
+  mpi_impl *m = c->impl;
+  const int W = c->size;
+  uint64_t mine = bytes, *all = malloc(sizeof(uint64_t) * (size_t)W);
+  int *counts = malloc(sizeof(int) * 2 * (size_t)W);
+  if (!all || !counts) DISTRO_FAIL(DISTRO_ERR_NOMEM, "MPI allgatherv: out of memory");
+  MPI_TRY(MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, m->comm), "MPI_Allgather");
+  for (int r = 0; r < W; r++) {
+    if (all[r] > slot)
+      DISTRO_FAIL(DISTRO_ERR_COMM, "MPI allgatherv: rank %d sent %llu bytes, more than the %zu-byte slot", r,
+                  (unsigned long long)all[r], slot);
+    sizes[r] = (size_t)all[r];
+  }
+  if ((size_t)W * slot <= m->max_count) {
+    int *displs = counts + W;
+    for (int r = 0; r < W; r++) {
+      counts[r] = (int)all[r];
+      displs[r] = (int)((size_t)r * slot);
+    }
+    MPI_TRY(MPI_Allgatherv(send, (int)bytes, MPI_BYTE, recv, counts, displs, MPI_BYTE, m->comm), "MPI_Allgatherv");
+  } else {
+    /* Displacements would overflow an int: one broadcast per rank, chunked. */
+    for (int r = 0; r < W; r++) {
+      char *dst = (char *)recv + (size_t)r * slot;
+      if (r == c->rank && bytes) memcpy(dst, send, bytes);
+      for (size_t off = 0; off < sizes[r]; off += m->max_count) {
+        size_t n = sizes[r] - off < m->max_count ? sizes[r] - off : m->max_count;
+        MPI_TRY(MPI_Bcast(dst + off, (int)n, MPI_BYTE, r, m->comm), "MPI_Bcast");
+      }
+    }
+  }
+fail:
+  free(all);
+  free(counts);
+  return st;
+}
+
 /* Not MPI_Allreduce: the standard only recommends, and does not require,
  * that every rank gets the same bits, and its algorithms add in an order of
  * their own. Here rank r sums elements [r*n/W, (r+1)*n/W) over ranks
@@ -162,6 +202,7 @@ static void mpi_destroy(distro_comm *c) {
 static const distro__comm_ops mpi_ops = {
     .name = "mpi",
     .allgather = mpi_allgather,
+    .allgatherv = mpi_allgatherv,
     .allreduce_sum = mpi_allreduce_sum,
     .barrier = mpi_barrier,
     .destroy = mpi_destroy,

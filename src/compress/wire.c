@@ -53,6 +53,8 @@ size_t distro__wire_value_bytes(distro_values v, int64_t count) {
     case DISTRO_VALUES_F32: return 4 * (size_t)count;
     case DISTRO_VALUES_BF16: return 2 * (size_t)count;
     case DISTRO_VALUES_SIGN1: return ((size_t)count + 7) / 8;
+    case DISTRO_VALUES_INT8:
+    case DISTRO_VALUES_INT4: break; /* wire v2 only */
   }
   return 0;
 }
@@ -66,6 +68,8 @@ float distro__wire_value(const uint8_t *sec, distro_values v, int64_t j) {
     }
     case DISTRO_VALUES_BF16: return distro__bf16_to_float(get_u16(sec + 2 * j));
     case DISTRO_VALUES_SIGN1: return (sec[j >> 3] >> (j & 7)) & 1 ? -1.0f : 1.0f;
+    case DISTRO_VALUES_INT8:
+    case DISTRO_VALUES_INT4: break; /* wire v2 only */
   }
   return 0.0f;
 }
@@ -73,7 +77,7 @@ float distro__wire_value(const uint8_t *sec, distro_values v, int64_t j) {
 distro_status distro__wire_layout_init(distro__wire_layout *l, const distro__tiling *t, int n, distro_values v) {
   memset(l, 0, sizeof *l);
   if (v != DISTRO_VALUES_F32 && v != DISTRO_VALUES_BF16 && v != DISTRO_VALUES_SIGN1)
-    return distro__fail(DISTRO_ERR_INVALID, "unknown values codec %d", (int)v);
+    return distro__fail(DISTRO_ERR_INVALID, "values codec %d is not available in wire version 1", (int)v);
   l->ntensors = n;
   l->values = v;
   l->idx_off = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
@@ -155,6 +159,8 @@ void distro__wire_write_tensor(uint8_t *buf, const distro__wire_layout *l, const
       }
       break;
     }
+    case DISTRO_VALUES_INT8:
+    case DISTRO_VALUES_INT4: break; /* wire v2 only; rejected by the layout */
   }
 }
 

@@ -30,12 +30,11 @@ static void compress_tensor(distro_optim *o, distro__param *p, float s, distro_s
   st->seconds_topk += distro__now() - t1;
 }
 
-/* Aggregate every rank's payload for tensor i into coef: per coefficient the
- * mean over the ranks that selected it, summed in rank order so the result
- * does not depend on thread count. */
+/* Aggregate every rank's decoded selection for tensor i into coef: per
+ * coefficient the mean over the ranks that selected it, summed in rank order
+ * so the result does not depend on thread count. Dropped ranks are skipped. */
 static void aggregate_tensor(const distro_optim *o, int i, float *coef, uint16_t *cnt) {
   const distro__tiling *t = &o->tilings[i];
-  const distro__wire_layout *l = &o->layout;
   const int world = o->comm->size;
   const int64_t k = t->k;
 #pragma omp parallel for schedule(static)
@@ -46,12 +45,14 @@ static void aggregate_tensor(const distro_optim *o, int i, float *coef, uint16_t
       memset(cnt + (r0 + b) * t->cols + c0, 0, sizeof(uint16_t) * (size_t)t->w);
     }
     for (int r = 0; r < world; r++) {
-      const uint8_t *buf = o->recv + (size_t)r * l->total;
-      const uint8_t *is = buf + l->idx_off[i], *vs = buf + l->val_off[i];
+      if (o->dropped[r]) continue;
+      const size_t base = (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i];
+      const uint32_t *ri = o->dec_idx + base;
+      const float *rv = o->dec_val + base;
       for (int64_t j = c * k; j < (c + 1) * k; j++) {
-        uint32_t ix = distro__wire_index(is, l->idx_width[i], j);
+        uint32_t ix = ri[j];
         int64_t at = (r0 + ix / t->w) * t->cols + c0 + ix % t->w;
-        coef[at] += distro__wire_value(vs, l->values, j);
+        coef[at] += rv[j];
         cnt[at]++;
       }
     }
@@ -67,55 +68,21 @@ static inline float signf(float x) { return (float)((x > 0) - (x < 0)); }
 
 distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s) {
   distro_status st = DISTRO_OK;
-  distro_comm *comm = o->comm;
-  const int world = comm->size, rank = comm->rank;
-  const distro__wire_layout *l = &o->layout;
   const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN;
 
   /* 1. Compress locally into staged state, or announce that we cannot. */
   int bad = distro__first_nonfinite_grad(o);
-  if (bad >= 0) {
-    distro__wire_write_header(o->send, l, o->tilings, DISTRO__WIRE_FLAG_ABORT, (uint32_t)rank, (uint64_t)o->step,
-                              DISTRO_ERR_NONFINITE, (uint32_t)bad);
-    distro__wire_clear_body(o->send, l);
-  } else {
-    distro__wire_write_header(o->send, l, o->tilings, 0, (uint32_t)rank, (uint64_t)o->step, 0, 0);
-    for (int i = 0; i < o->nparams; i++) {
-      distro__param *p = &o->params[i];
+  if (bad < 0)
+    for (int i = 0; i < o->nparams; i++)
       /* The sign variant folds lr into the momentum; DisTrO-AdamW accumulates raw gradients. */
-      compress_tensor(o, p, sign_update ? lr : 1.0f, s);
-      double t0 = distro__now();
-      distro__wire_write_tensor(o->send, l, o->tilings, i, p->idx, p->val);
-      s->seconds_topk += distro__now() - t0;
-    }
-  }
-  distro__wire_seal(o->send, l);
-
-  /* 2. Exchange. */
+      compress_tensor(o, &o->params[i], sign_update ? lr : 1.0f, s);
   double t0 = distro__now();
-  DISTRO_CHECK(comm->ops->allgather(comm, o->send, l->total, o->recv));
-  double t1 = distro__now();
-  s->seconds_exchange += t1 - t0;
-  s->bytes_sent = l->total;
-  s->bytes_received = (uint64_t)l->total * (uint64_t)(world - 1);
+  size_t size = distro__payload_encode(o, bad);
+  s->seconds_topk += distro__now() - t0;
+  if (size == 0) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
 
-  /* 3. Validate every payload before anything is applied. */
-  for (int r = 0; r < world; r++) {
-    int aborted = 0;
-    uint32_t why = 0, tensor = 0, sender;
-    uint64_t step;
-    const uint8_t *buf = o->recv + (size_t)r * l->total;
-    DISTRO_CHECK(distro__wire_validate(buf, l->total, l, o->tilings, r, &aborted, &why, &tensor));
-    distro__wire_read_origin(buf, &sender, &step);
-    if (sender != (uint32_t)r || step != (uint64_t)o->step)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "payload from rank %d: stamped rank %u step %llu, expected step %lld (ranks out of step?)",
-                  r, sender, (unsigned long long)step, (long long)o->step);
-    if (aborted) {
-      const char *name = tensor < (uint32_t)o->nparams ? o->params[tensor].name : "?";
-      DISTRO_FAIL(why == DISTRO_ERR_NONFINITE ? DISTRO_ERR_NONFINITE : DISTRO_ERR_COMM,
-                  "rank %d could not step: non-finite gradient in tensor '%s'; nothing was applied", r, name);
-    }
-  }
+  /* 2-3. Exchange, then validate and decode everything before applying. */
+  DISTRO_CHECK(distro__payload_exchange(o, size, s));
 
   /* 4. Commit: the staged momentum becomes current, and every rank applies
    * the same aggregate. */

@@ -89,17 +89,14 @@ static void free_state(distro_optim *o) {
     p->mom = p->mom_next = p->m = p->v = p->val = NULL;
     p->idx = NULL;
   }
-  distro__wire_layout_destroy(&o->layout);
+  distro__payload_destroy(o);
   free(o->tilings);
-  free(o->send);
-  free(o->recv);
   free(o->scratch_a);
   free(o->scratch_b);
   free(o->scratch_c);
   free(o->counts);
   free(o->flat);
   o->tilings = NULL;
-  o->send = o->recv = NULL;
   o->scratch_a = o->scratch_b = o->scratch_c = o->flat = NULL;
   o->counts = NULL;
 }
@@ -119,7 +116,6 @@ distro_status distro__optim_prepare(distro_optim *o) {
   if (o->ready) return DISTRO_OK;
   if (o->nparams == 0) return distro__fail(DISTRO_ERR_INVALID, "no tensors registered (distro_optim_add_param)");
   const int demo = o->opt.algorithm == DISTRO_ALG_DEMO, adam = distro__uses_adam(&o->opt);
-  const int world = o->comm->size;
   o->max_numel = o->total_numel = 0;
   o->tilings = malloc(sizeof(distro__tiling) * (size_t)o->nparams);
   if (!o->tilings) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
@@ -145,14 +141,12 @@ distro_status distro__optim_prepare(distro_optim *o) {
     }
   }
   if (demo) {
-    DISTRO_CHECK(distro__wire_layout_init(&o->layout, o->tilings, o->nparams, o->opt.values));
-    o->send = malloc(o->layout.total);
-    o->recv = malloc(o->layout.total * (size_t)world);
+    DISTRO_CHECK(distro__payload_prepare(o));
     o->scratch_a = zalloc_floats(o->max_numel);
     o->scratch_b = zalloc_floats(o->max_numel);
     o->scratch_c = zalloc_floats(o->max_numel);
     o->counts = calloc((size_t)o->max_numel, sizeof(uint16_t));
-    if (!o->send || !o->recv || !o->scratch_a || !o->scratch_b || !o->scratch_c || !o->counts)
+    if (!o->scratch_a || !o->scratch_b || !o->scratch_c || !o->counts)
       DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload buffers");
   } else {
     o->flat = zalloc_floats(o->total_numel + 1);
@@ -189,9 +183,9 @@ distro_status distro__optim_verify(distro_optim *o, int local_ok) {
   const int world = o->comm->size, rank = o->comm->rank;
   signature mine = {(uint64_t)(local_ok != 0), (uint64_t)o->nparams, 0xcbf29ce484222325ULL, 0xcbf29ce484222325ULL}, *all = NULL;
   uint64_t *hashes = NULL, *all_hashes = NULL;
-  int32_t fields[5] = {(int32_t)o->opt.algorithm, (int32_t)o->opt.update, (int32_t)o->opt.values, o->opt.chunk,
-                       o->opt.topk};
-  if (o->opt.algorithm == DISTRO_ALG_ADAMW) fields[1] = fields[2] = fields[3] = fields[4] = 0;
+  int32_t fields[6] = {(int32_t)o->opt.algorithm, (int32_t)o->opt.update, (int32_t)o->opt.values, o->opt.chunk,
+                       o->opt.topk, o->opt.wire_version};
+  if (o->opt.algorithm == DISTRO_ALG_ADAMW) fields[1] = fields[2] = fields[3] = fields[4] = fields[5] = 0;
   mine.options_hash = fnv1a(mine.options_hash, fields, sizeof fields);
   for (int i = 0; i < o->nparams; i++) {
     uint64_t h = param_hash(&o->params[i]);
@@ -206,7 +200,7 @@ distro_status distro__optim_verify(distro_optim *o, int local_ok) {
     if (!all[r].ok) DISTRO_FAIL(DISTRO_ERR_COMM, "rank %d could not prepare its optimizer state", r);
   for (int r = 0; r < world; r++) {
     if (all[r].options_hash != all[0].options_hash)
-      DISTRO_FAIL(DISTRO_ERR_SHAPE, "rank %d uses different optimizer options (algorithm/update/values/chunk/topk) than rank 0", r);
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "rank %d uses different optimizer options (algorithm/update/values/chunk/topk/wire version) than rank 0", r);
     if (all[r].nparams != all[0].nparams || all[r].list_hash != all[0].list_hash) differ = 1;
     if (all[r].nparams > maxn) maxn = all[r].nparams;
   }
@@ -299,8 +293,16 @@ distro_status distro_payload_bytes(const distro_options *opt, int n, const int *
   t = malloc(sizeof *t * (size_t)n);
   if (!t) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   for (int i = 0; i < n; i++) DISTRO_CHECK(distro__tiling_init(&t[i], ndims[i], shapes[i], opt->chunk, opt->topk));
-  DISTRO_CHECK(distro__wire_layout_init(&l, t, n, opt->values));
-  *bytes = l.total;
+  if (opt->wire_version == 1) {
+    DISTRO_CHECK(distro__wire_layout_init(&l, t, n, opt->values));
+    *bytes = l.total;
+  } else {
+    distro__wire2_tensor *w2 = calloc((size_t)n, sizeof *w2);
+    if (!w2) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) w2[i].t = t[i];
+    *bytes = distro__wire2_bound(w2, n, opt->values);
+    free(w2);
+  }
 fail:
   distro__wire_layout_destroy(&l);
   free(t);

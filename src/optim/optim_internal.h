@@ -8,6 +8,7 @@
 #include "compress/chunk.h"
 #include "compress/dct.h"
 #include "compress/wire.h"
+#include "compress/wire2.h"
 
 #define DISTRO__MAX_NDIM 8
 
@@ -37,8 +38,20 @@ struct distro_optim {
   int64_t max_numel;
   int64_t total_numel;
   distro__tiling *tilings; /* copy of each param's tiling, for the wire */
-  distro__wire_layout layout;
-  uint8_t *send, *recv;
+  distro__wire_layout layout;     /* wire v1 */
+  distro__wire2_tensor *w2;       /* wire v2: tilings + ENUM tables */
+  distro__enum_table *etabs;      /* one per distinct (chunk elements, k) */
+  int n_etabs;
+  size_t slot;                    /* largest payload: send size (v1) or bound (v2) */
+  size_t *sizes;                  /* per rank: received payload bytes */
+  uint8_t *send, *recv;           /* recv: world slots of `slot` bytes */
+  int64_t total_sel;              /* kept coefficients per rank, all tensors */
+  int64_t *sel_off;               /* per tensor: offset into a rank's selection */
+  uint32_t *dec_idx;              /* world x total_sel decoded indices */
+  float *dec_val;                 /* world x total_sel decoded values */
+  uint32_t **idx_ptrs;            /* per tensor, for the codec API */
+  float **val_ptrs;
+  uint8_t *dropped;               /* per rank: payload skipped this step */
   float *scratch_a, *scratch_b, *scratch_c; /* max_numel each */
   uint16_t *counts;                        /* max_numel: selections per coefficient */
   float *flat;                  /* AdamW baseline: all gradients + 1 flag */
@@ -61,6 +74,19 @@ void distro__adamw_update(float *p, float *m, float *v, const float *q, int64_t 
                           const distro_options *o, float lr, int64_t t);
 
 distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s);
+
+/* Payload handling of the DeMo step (payload.c). */
+distro_status distro__payload_prepare(distro_optim *o);
+void distro__payload_destroy(distro_optim *o);
+/* Encodes this rank's selection, or an abort notice when bad_tensor >= 0;
+ * returns the payload size (0: encoding failed, which is a bug). */
+size_t distro__payload_encode(distro_optim *o, int bad_tensor);
+/* Exchanges, validates and decodes every rank's payload into dec_idx /
+ * dec_val; applies the robust-aggregation options. Changes no state but
+ * the receive buffers. */
+distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step_stats *s);
+/* Clip each peer's values per tensor to a multiple of the median norm. */
+int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple);
 distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s);
 
 double distro__now(void);

@@ -18,6 +18,9 @@ distro_options distro_options_default(distro_algorithm alg) {
   o.topk = 32;
   o.update = DISTRO_UPDATE_SIGN;
   o.values = DISTRO_VALUES_F32;
+  o.wire_version = 2;
+  o.drop_invalid_peers = 0;
+  o.clip_median_multiple = 0.0f;
   return o;
 }
 
@@ -33,8 +36,14 @@ distro_status distro__options_check(const distro_options *o) {
     return distro__fail(DISTRO_ERR_INVALID, "unknown algorithm %d", (int)o->algorithm);
   if (o->update != DISTRO_UPDATE_SIGN && o->update != DISTRO_UPDATE_ADAMW)
     return distro__fail(DISTRO_ERR_INVALID, "unknown update rule %d", (int)o->update);
-  if (o->values != DISTRO_VALUES_F32 && o->values != DISTRO_VALUES_BF16 && o->values != DISTRO_VALUES_SIGN1)
+  if (o->values < DISTRO_VALUES_F32 || o->values > DISTRO_VALUES_INT4)
     return distro__fail(DISTRO_ERR_INVALID, "unknown values codec %d", (int)o->values);
+  if (o->wire_version != 1 && o->wire_version != 2)
+    return distro__fail(DISTRO_ERR_INVALID, "wire_version must be 1 or 2 (got %d)", o->wire_version);
+  if (o->wire_version == 1 && o->values > DISTRO_VALUES_SIGN1)
+    return distro__fail(DISTRO_ERR_INVALID, "INT8/INT4 values need wire_version 2");
+  if (!(isfinite(o->clip_median_multiple) && o->clip_median_multiple >= 0))
+    return distro__fail(DISTRO_ERR_INVALID, "clip_median_multiple must be finite and >= 0");
   if (!(isfinite(o->lr) && o->lr >= 0)) return distro__fail(DISTRO_ERR_INVALID, "lr must be finite and >= 0");
   if (!(isfinite(o->weight_decay) && o->weight_decay >= 0))
     return distro__fail(DISTRO_ERR_INVALID, "weight_decay must be finite and >= 0");

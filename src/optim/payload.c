@@ -1,0 +1,248 @@
+/* The DeMo step's payloads: encode this rank's selection (wire v1 or v2),
+ * exchange, validate and decode every rank's payload, and the robust
+ * aggregation options. Every rank decodes the same bytes the same way, so
+ * the decoded arrays, and everything computed from them, agree bit for bit. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_internal.h"
+#include "common/error.h"
+#include "optim/optim_internal.h"
+
+distro_status distro__payload_prepare(distro_optim *o) {
+  distro_status st = DISTRO_OK;
+  const int n = o->nparams, world = o->comm->size;
+  o->sel_off = malloc(sizeof(int64_t) * (size_t)n);
+  o->idx_ptrs = malloc(sizeof(uint32_t *) * (size_t)n);
+  o->val_ptrs = malloc(sizeof(float *) * (size_t)n);
+  o->sizes = calloc((size_t)world, sizeof(size_t));
+  o->dropped = calloc((size_t)world, 1);
+  if (!o->sel_off || !o->idx_ptrs || !o->val_ptrs || !o->sizes || !o->dropped)
+    DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload bookkeeping");
+  o->total_sel = 0;
+  for (int i = 0; i < n; i++) {
+    o->sel_off[i] = o->total_sel;
+    o->total_sel += o->tilings[i].nchunks * o->tilings[i].k;
+  }
+  if (o->opt.wire_version == 1) {
+    DISTRO_CHECK(distro__wire_layout_init(&o->layout, o->tilings, n, o->opt.values));
+    o->slot = o->layout.total;
+  } else {
+    o->w2 = calloc((size_t)n, sizeof *o->w2);
+    o->etabs = calloc((size_t)n, sizeof *o->etabs);
+    if (!o->w2 || !o->etabs) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for wire v2 tables");
+    for (int i = 0; i < n; i++) {
+      const distro__tiling *t = &o->tilings[i];
+      o->w2[i].t = *t;
+      /* Tensors with the same chunk size and k share one ENUM table. */
+      int e = 0;
+      while (e < o->n_etabs && !(o->etabs[e].n == t->chunk_elems && o->etabs[e].k == t->k)) e++;
+      if (e == o->n_etabs) {
+        distro__enum_table_init(&o->etabs[e], t->chunk_elems, t->k); /* may not apply: then c == NULL */
+        o->n_etabs++;
+      }
+      o->w2[i].et = o->etabs[e].c ? &o->etabs[e] : NULL;
+    }
+    o->slot = distro__wire2_bound(o->w2, n, o->opt.values);
+  }
+  o->send = malloc(o->slot);
+  o->recv = malloc(o->slot * (size_t)world);
+  o->dec_idx = malloc(sizeof(uint32_t) * (size_t)(o->total_sel * world));
+  o->dec_val = malloc(sizeof(float) * (size_t)(o->total_sel * world));
+  if (!o->send || !o->recv || !o->dec_idx || !o->dec_val)
+    DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload buffers (%zu bytes per rank)", o->slot);
+  return DISTRO_OK;
+fail:
+  distro__payload_destroy(o);
+  return st;
+}
+
+void distro__payload_destroy(distro_optim *o) {
+  distro__wire_layout_destroy(&o->layout);
+  for (int e = 0; e < o->n_etabs; e++) distro__enum_table_destroy(&o->etabs[e]);
+  free(o->etabs);
+  free(o->w2);
+  free(o->sel_off);
+  free(o->idx_ptrs);
+  free(o->val_ptrs);
+  free(o->sizes);
+  free(o->dropped);
+  free(o->send);
+  free(o->recv);
+  free(o->dec_idx);
+  free(o->dec_val);
+  o->etabs = NULL;
+  o->n_etabs = 0;
+  o->w2 = NULL;
+  o->sel_off = NULL;
+  o->idx_ptrs = NULL;
+  o->val_ptrs = NULL;
+  o->sizes = NULL;
+  o->dropped = NULL;
+  o->send = o->recv = NULL;
+  o->dec_idx = NULL;
+  o->dec_val = NULL;
+}
+
+size_t distro__payload_encode(distro_optim *o, int bad_tensor) {
+  const uint32_t rank = (uint32_t)o->comm->rank;
+  const uint64_t step = (uint64_t)o->step;
+  if (o->opt.wire_version == 1) {
+    const distro__wire_layout *l = &o->layout;
+    if (bad_tensor >= 0) {
+      distro__wire_write_header(o->send, l, o->tilings, DISTRO__WIRE_FLAG_ABORT, rank, step, DISTRO_ERR_NONFINITE,
+                                (uint32_t)bad_tensor);
+      distro__wire_clear_body(o->send, l);
+    } else {
+      distro__wire_write_header(o->send, l, o->tilings, 0, rank, step, 0, 0);
+      for (int i = 0; i < o->nparams; i++)
+        distro__wire_write_tensor(o->send, l, o->tilings, i, o->params[i].idx, o->params[i].val);
+    }
+    distro__wire_seal(o->send, l);
+    return l->total;
+  }
+  if (bad_tensor >= 0)
+    return distro__wire2_encode_abort(o->send, o->w2, o->nparams, o->opt.values, rank, step, DISTRO_ERR_NONFINITE,
+                                      (uint32_t)bad_tensor);
+  for (int i = 0; i < o->nparams; i++) {
+    o->idx_ptrs[i] = o->params[i].idx;
+    o->val_ptrs[i] = o->params[i].val;
+  }
+  return distro__wire2_encode(o->send, o->slot, o->w2, o->nparams, o->opt.values, rank, step, o->idx_ptrs,
+                              o->val_ptrs);
+}
+
+/* Validates and decodes rank r's payload into its rows of dec_idx/dec_val. */
+static distro_status decode_one(distro_optim *o, int r, int *aborted, uint32_t *why, uint32_t *tensor) {
+  const uint8_t *buf = o->recv + (size_t)r * o->slot;
+  const size_t size = o->sizes[r];
+  uint32_t *ri = o->dec_idx + (size_t)r * (size_t)o->total_sel;
+  float *rv = o->dec_val + (size_t)r * (size_t)o->total_sel;
+  distro_status st;
+  if (o->opt.wire_version == 1) {
+    const distro__wire_layout *l = &o->layout;
+    st = distro__wire_validate(buf, size, l, o->tilings, r, aborted, why, tensor);
+    if (st != DISTRO_OK || *aborted) return st;
+    for (int i = 0; i < o->nparams; i++) {
+      const int64_t count = o->tilings[i].nchunks * o->tilings[i].k;
+      uint32_t *di = ri + o->sel_off[i];
+      float *dv = rv + o->sel_off[i];
+      const uint8_t *is = buf + l->idx_off[i], *vs = buf + l->val_off[i];
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < count; j++) {
+        di[j] = distro__wire_index(is, l->idx_width[i], j);
+        dv[j] = distro__wire_value(vs, l->values, j);
+      }
+    }
+  } else {
+    for (int i = 0; i < o->nparams; i++) {
+      o->idx_ptrs[i] = ri + o->sel_off[i];
+      o->val_ptrs[i] = rv + o->sel_off[i];
+    }
+    st = distro__wire2_decode(buf, size, o->w2, o->nparams, o->opt.values, r, aborted, why, tensor, o->idx_ptrs,
+                              o->val_ptrs);
+    if (st != DISTRO_OK || *aborted) return st;
+  }
+  uint32_t sender;
+  uint64_t step;
+  distro__wire_read_origin(buf, &sender, &step);
+  if (sender != (uint32_t)r || step != (uint64_t)o->step)
+    return distro__fail(DISTRO_ERR_PAYLOAD,
+                        "payload from rank %d: stamped rank %u step %llu, expected step %lld (ranks out of step?)", r,
+                        sender, (unsigned long long)step, (long long)o->step);
+  return DISTRO_OK;
+}
+
+int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple) {
+  double *norms = malloc(sizeof(double) * 2 * (size_t)world), *sorted = norms + world;
+  int live = 0, clipped = 0;
+  if (!norms) return -1;
+  for (int r = 0; r < world; r++) {
+    double s = 0;
+    for (int64_t j = 0; j < count; j++) s += (double)vals[r][j] * vals[r][j];
+    norms[r] = sqrt(s);
+    if (!dropped[r]) sorted[live++] = norms[r];
+  }
+  /* Median of the live peers' norms (lower median for an even count), by
+   * insertion sort: world is small and the order must not depend on timing. */
+  for (int i = 1; i < live; i++)
+    for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+      double t = sorted[j];
+      sorted[j] = sorted[j - 1];
+      sorted[j - 1] = t;
+    }
+  const double cap = live ? multiple * sorted[(live - 1) / 2] : 0;
+  for (int r = 0; r < world; r++) {
+    if (dropped[r] || norms[r] <= cap) continue;
+    const float scale = (float)(cap / norms[r]);
+    for (int64_t j = 0; j < count; j++) vals[r][j] *= scale;
+    clipped++;
+  }
+  free(norms);
+  return clipped;
+}
+
+distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step_stats *s) {
+  distro_status st = DISTRO_OK;
+  distro_comm *comm = o->comm;
+  const int world = comm->size, rank = comm->rank;
+  double t0 = distro__now();
+  if (o->opt.wire_version == 1) {
+    DISTRO_CHECK(comm->ops->allgather(comm, o->send, size, o->recv));
+    for (int r = 0; r < world; r++) o->sizes[r] = size;
+  } else {
+    DISTRO_CHECK(comm->ops->allgatherv(comm, o->send, size, o->recv, o->slot, o->sizes));
+  }
+  double t1 = distro__now();
+  s->seconds_exchange += t1 - t0;
+  s->bytes_sent = size;
+  s->bytes_received = 0;
+  for (int r = 0; r < world; r++)
+    if (r != rank) s->bytes_received += o->sizes[r];
+
+  /* Validate and decode everything before anything is applied. A payload
+   * that fails validation fails the step on every rank, or, with
+   * drop_invalid_peers, is skipped by every rank alike. */
+  for (int r = 0; r < world; r++) o->dropped[r] = 0;
+  int live = 0;
+  for (int r = 0; r < world; r++) {
+    int aborted = 0;
+    uint32_t why = 0, tensor = 0;
+    distro_status dst = decode_one(o, r, &aborted, &why, &tensor);
+    if (dst == DISTRO_OK && aborted) {
+      const char *name = tensor < (uint32_t)o->nparams ? o->params[tensor].name : "?";
+      DISTRO_FAIL(why == DISTRO_ERR_NONFINITE ? DISTRO_ERR_NONFINITE : DISTRO_ERR_COMM,
+                  "rank %d could not step: non-finite gradient in tensor '%s'; nothing was applied", r, name);
+    }
+    if (dst != DISTRO_OK) {
+      if (!o->opt.drop_invalid_peers || r == rank) {
+        st = dst;
+        goto fail;
+      }
+      o->dropped[r] = 1;
+      s->peers_dropped++;
+      if (r < 64) s->peers_dropped_mask |= 1ULL << r;
+      continue;
+    }
+    live++;
+  }
+  if (o->opt.clip_median_multiple > 0 && live > 1) {
+    float **vals = malloc(sizeof(float *) * (size_t)world);
+    if (!vals) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+    int clipped = 0;
+    for (int i = 0; i < o->nparams && clipped >= 0; i++) {
+      for (int r = 0; r < world; r++) vals[r] = o->dec_val + (size_t)r * (size_t)o->total_sel + o->sel_off[i];
+      int c = distro__robust_clip(vals, o->dropped, world, o->tilings[i].nchunks * o->tilings[i].k,
+                                  o->opt.clip_median_multiple);
+      clipped = c < 0 ? -1 : clipped + c;
+    }
+    free(vals);
+    if (clipped < 0) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+    s->peers_clipped = clipped;
+  }
+  s->seconds_decode += distro__now() - t1;
+  return DISTRO_OK;
+fail:
+  return st;
+}
