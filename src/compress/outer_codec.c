@@ -1,0 +1,213 @@
+/* Codecs for DiLoCo outer gradients; formats and error bounds in
+ * outer_codec.h. Every function is element- or block-wise, so the result
+ * does not depend on the OpenMP thread count. */
+#include "compress/outer_codec.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/error.h"
+
+#define PAR_MIN 32768 /* elements below which a run is handled by one thread */
+
+int distro__outer_codec_known(int c) {
+  return c == DISTRO_OUTER_F32 || c == DISTRO_OUTER_BF16 || c == DISTRO_OUTER_INT8 || c == DISTRO_OUTER_INT4 ||
+         c == DISTRO_OUTER_FP4;
+}
+
+const char *distro__outer_codec_name(distro_outer_codec c) {
+  switch (c) {
+    case DISTRO_OUTER_F32: return "f32";
+    case DISTRO_OUTER_BF16: return "bf16";
+    case DISTRO_OUTER_INT8: return "int8";
+    case DISTRO_OUTER_INT4: return "int4";
+    case DISTRO_OUTER_FP4: return "fp4";
+  }
+  return "?";
+}
+
+static int64_t nblocks(int64_t n, int block) { return (n + block - 1) / block; }
+
+size_t distro__outer_bytes(distro_outer_codec c, int64_t n, int block) {
+  const size_t scales = 4 * (size_t)nblocks(n, block);
+  switch (c) {
+    case DISTRO_OUTER_F32: return 4 * (size_t)n;
+    case DISTRO_OUTER_BF16: return 2 * (size_t)n;
+    case DISTRO_OUTER_INT8: return scales + (size_t)n;
+    case DISTRO_OUTER_INT4:
+    case DISTRO_OUTER_FP4: return scales + (size_t)(n + 1) / 2;
+  }
+  return 0;
+}
+
+/* float <-> bf16 bits, round to nearest even; a finite value saturates at
+ * the largest finite bf16 instead of rounding to Inf. */
+static uint16_t bf16_from(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
+  if ((r & 0x7f800000u) == 0x7f800000u && (u & 0x7f800000u) != 0x7f800000u)
+    return (uint16_t)(((u >> 16) & 0x8000u) | 0x7f7fu);
+  return (uint16_t)(r >> 16);
+}
+static float bf16_to(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+static float get_f32(const uint8_t *p) {
+  float x;
+  memcpy(&x, p, 4);
+  return x;
+}
+
+static int qmax_of(distro_outer_codec c) { return c == DISTRO_OUTER_INT8 ? 127 : 7; }
+
+/* E3M0 code of y = |x| / s in [0, 1]: 0, or e in 1..7 for 2^(e-7), nearest
+ * in linear distance. */
+static unsigned fp4_code(float y) {
+  if (!(y >= 0x1p-7f)) return 0;
+  int E;
+  (void)frexpf(y, &E); /* y in [2^(E-1), 2^E) */
+  int k = E - 1;
+  if (y >= ldexpf(1.5f, k)) k++;
+  if (k > 0) k = 0;
+  if (k < -6) k = -6;
+  return (unsigned)(k + 7);
+}
+
+/* One block of the INT8/INT4/FP4 codecs: scale, then codes. */
+static void encode_block(distro_outer_codec c, const float *x, int64_t n, float *scale_out, uint8_t *codes,
+                         int64_t first) {
+  float amax = 0.0f;
+  for (int64_t j = 0; j < n; j++) {
+    float a = fabsf(x[j]);
+    if (a > amax) amax = a;
+  }
+  float s = c == DISTRO_OUTER_FP4 ? amax : amax / (float)qmax_of(c);
+  *scale_out = s;
+  for (int64_t j = 0; j < n; j++) {
+    unsigned code;
+    if (c == DISTRO_OUTER_FP4) {
+      code = s > 0.0f ? fp4_code(fabsf(x[j]) / s) : 0u;
+      if (code && x[j] < 0.0f) code |= 8u;
+    } else {
+      const int qm = qmax_of(c);
+      float q = s > 0.0f ? roundf(x[j] / s) : 0.0f;
+      if (q > (float)qm) q = (float)qm;
+      if (q < (float)-qm) q = (float)-qm;
+      code = (unsigned)(int)q;
+    }
+    const int64_t at = first + j;
+    if (c == DISTRO_OUTER_INT8) {
+      codes[at] = (uint8_t)code;
+    } else {
+      code &= 15u;
+      if (at & 1) codes[at >> 1] = (uint8_t)(codes[at >> 1] | code << 4);
+      else codes[at >> 1] = (uint8_t)code; /* even first: the block starts the byte */
+    }
+  }
+}
+
+void distro__outer_encode(distro_outer_codec c, const float *x, int64_t n, int block, uint8_t *out) {
+  if (c == DISTRO_OUTER_F32) {
+    memcpy(out, x, 4 * (size_t)n);
+    return;
+  }
+  if (c == DISTRO_OUTER_BF16) {
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t j = 0; j < n; j++) {
+      uint16_t b = bf16_from(x[j]);
+      out[2 * j] = (uint8_t)b;
+      out[2 * j + 1] = (uint8_t)(b >> 8);
+    }
+    return;
+  }
+  const int64_t nb = nblocks(n, block);
+  uint8_t *codes = out + 4 * (size_t)nb;
+  /* Nibble codecs: an odd block size puts two blocks in one byte; handle
+   * such blocks on one thread so no byte is written by two. */
+  const int shared_bytes = c != DISTRO_OUTER_INT8 && (block & 1);
+  if (c != DISTRO_OUTER_INT8 && (n & 1)) codes[n >> 1] = 0; /* padding nibble */
+#pragma omp parallel for schedule(static) if (n > PAR_MIN && !shared_bytes)
+  for (int64_t b = 0; b < nb; b++) {
+    const int64_t lo = b * block, len = lo + block <= n ? block : n - lo;
+    float s;
+    encode_block(c, x + lo, len, &s, codes, lo);
+    memcpy(out + 4 * b, &s, 4);
+  }
+}
+
+distro_status distro__outer_check(distro_outer_codec c, const uint8_t *in, int64_t n, int block) {
+  if (c == DISTRO_OUTER_F32) {
+    for (int64_t j = 0; j < n; j++)
+      if (!isfinite(get_f32(in + 4 * j)))
+        return distro__fail(DISTRO_ERR_PAYLOAD, "f32 outer gradient element %lld is not finite", (long long)j);
+    return DISTRO_OK;
+  }
+  if (c == DISTRO_OUTER_BF16) {
+    for (int64_t j = 0; j < n; j++)
+      if (((in[2 * j + 1] & 0x7f) == 0x7f) && (in[2 * j] & 0x80))
+        return distro__fail(DISTRO_ERR_PAYLOAD, "bf16 outer gradient element %lld is not finite", (long long)j);
+    return DISTRO_OK;
+  }
+  const int64_t nb = nblocks(n, block);
+  const float smax = c == DISTRO_OUTER_FP4 ? FLT_MAX : FLT_MAX / (float)qmax_of(c);
+  for (int64_t b = 0; b < nb; b++) {
+    float s = get_f32(in + 4 * b);
+    if (!(s >= 0.0f && s <= smax))
+      return distro__fail(DISTRO_ERR_PAYLOAD, "%s outer gradient: scale of block %lld is %g (must be finite, >= 0)",
+                          distro__outer_codec_name(c), (long long)b, (double)s);
+  }
+  const uint8_t *codes = in + 4 * (size_t)nb;
+  if (c == DISTRO_OUTER_INT8) {
+    for (int64_t j = 0; j < n; j++)
+      if (codes[j] == 0x80)
+        return distro__fail(DISTRO_ERR_PAYLOAD, "int8 outer gradient: code -128 at element %lld", (long long)j);
+    return DISTRO_OK;
+  }
+  for (int64_t j = 0; j < n; j++)
+    if (((codes[j >> 1] >> (4 * (j & 1))) & 15u) == 8u)
+      return distro__fail(DISTRO_ERR_PAYLOAD, "%s outer gradient: invalid code 8 at element %lld",
+                          distro__outer_codec_name(c), (long long)j);
+  if ((n & 1) && (codes[n >> 1] >> 4))
+    return distro__fail(DISTRO_ERR_PAYLOAD, "%s outer gradient: non-zero padding", distro__outer_codec_name(c));
+  return DISTRO_OK;
+}
+
+void distro__outer_decode(distro_outer_codec c, const uint8_t *in, int64_t n, int block, float *out) {
+  if (c == DISTRO_OUTER_F32) {
+    memcpy(out, in, 4 * (size_t)n);
+    return;
+  }
+  if (c == DISTRO_OUTER_BF16) {
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t j = 0; j < n; j++) out[j] = bf16_to((uint16_t)(in[2 * j] | in[2 * j + 1] << 8));
+    return;
+  }
+  const int64_t nb = nblocks(n, block);
+  const uint8_t *codes = in + 4 * (size_t)nb;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+  for (int64_t b = 0; b < nb; b++) {
+    const float s = get_f32(in + 4 * b);
+    const int64_t lo = b * block, hi = lo + block <= n ? lo + block : n;
+    for (int64_t j = lo; j < hi; j++) {
+      if (c == DISTRO_OUTER_INT8) {
+        out[j] = (float)(int8_t)codes[j] * s;
+        continue;
+      }
+      unsigned code = (codes[j >> 1] >> (4 * (j & 1))) & 15u;
+      if (c == DISTRO_OUTER_INT4) {
+        int q = code & 8u ? (int)code - 16 : (int)code;
+        out[j] = (float)q * s;
+      } else {
+        unsigned e = code & 7u;
+        float v = e ? ldexpf(s, (int)e - 7) : 0.0f;
+        out[j] = code & 8u ? -v : v;
+      }
+    }
+  }
+}
