@@ -127,14 +127,15 @@ DISTRO_API distro_status distro_diloco_set_tensor(distro_diloco *d, const char *
 DISTRO_API distro_status distro_diloco_step(distro_diloco *d, float lr_inner, uint64_t tokens,
                                             distro_diloco_stats *stats /* may be NULL */);
 
-/* Completes and applies an exchange in flight now instead of at t + tau.
- * Collective only in the sense that the exchange itself is. */
+/* Completes an exchange in flight and applies it now instead of at t + tau.
+ * Makes no collective call of its own. */
 DISTRO_API distro_status distro_diloco_flush(distro_diloco *d, distro_diloco_stats *stats);
 
-/* Flushes, then synchronizes every fragment now and sets every local
- * parameter to the new global copy (alpha is not used), so all learners end
- * identical: for evaluating or exporting the consensus model. Collective.
- * The schedule position does not move. */
+/* Flushes, then runs an outer step for every fragment with inner steps
+ * since its last send, and sets every local parameter to the global copy
+ * (alpha is not used), so all learners end identical: for the final
+ * evaluation or export. Collective. The schedule position does not move;
+ * the token/step counters restart. */
 DISTRO_API distro_status distro_diloco_sync_all(distro_diloco *d, distro_diloco_stats *stats);
 
 /* Copies the global copy of tensor `name` (numel floats) into `out`. */

@@ -5,5 +5,6 @@
 #include <distro/status.h>
 #include <distro/comm.h>
 #include <distro/optim.h>
+#include <distro/diloco.h>
 
 #endif

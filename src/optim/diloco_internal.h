@@ -58,6 +58,9 @@ struct distro_diloco {
   float **global, **mom;       /* P arrays of numel[p]: global copy, outer momentum */
   uint8_t *send, *recv;        /* max_payload, M * max_payload */
   float *acc, *dec;            /* max_frag each */
+  double *w, *nrm;             /* M: merge weights, radial norms */
+  float *coef, *coef2;         /* M */
+  uint64_t *tokbuf;            /* 4 per inner rank: token agreement */
 
   /* Progress. */
   int global_init;             /* global copy set (from the parameters or a load) */

@@ -1,0 +1,294 @@
+/* Saving and loading the DiLoCo outer state.
+ *
+ * File: "DSTRDLC\0" | u32 version | u32 H, P, tau, nesterov, codec,
+ * codec_block, merge, fragmenting | u32 bits of alpha, outer lr, momentum |
+ * i64 max_block | u32 ntensors | per tensor: u32 name length, name, u32 ndim,
+ * i64 shape[ndim], i32 layer, u32 flags | i64 inner steps | u64 peak and
+ * total outer bytes sent | u32 global copy set | per fragment: i64 elements,
+ * u64 tokens, u64 steps since its last send | pending exchange: u32 active,
+ * u32 fragment, i64 sent at, i64 apply at, u64 tokens and steps at the send |
+ * per fragment: global copy, then outer momentum, float32 | u32 CRC32C of
+ * everything before. Little-endian hosts, like the optimizer state.
+ *
+ * Written to a temporary file, synced and renamed over the target (a crash
+ * leaves the old or the new file); loads check everything into fresh
+ * buffers and swap them in only at the end. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/crc32c.h"
+#include "common/error.h"
+#include "optim/diloco_internal.h"
+#include "optim/optim_internal.h"
+
+#define DLC_MAGIC "DSTRDLC"
+#define DLC_STATE_VERSION 1u
+
+typedef struct {
+  FILE *f;
+  uint32_t crc;
+  int err;
+} writer;
+
+static void w_bytes(writer *w, const void *p, size_t n) {
+  if (w->err || n == 0) return;
+  if (fwrite(p, 1, n, w->f) != n) w->err = errno ? errno : EIO;
+  w->crc = distro__crc32c_update(w->crc, p, n);
+}
+static void w_u32(writer *w, uint32_t v) { w_bytes(w, &v, 4); }
+static void w_u64(writer *w, uint64_t v) { w_bytes(w, &v, 8); }
+
+static void header_fields(const distro_diloco *d, uint32_t f[11]) {
+  const distro_diloco_options *o = &d->opt;
+  f[0] = (uint32_t)o->H;
+  f[1] = (uint32_t)o->fragments;
+  f[2] = (uint32_t)o->overlap;
+  f[3] = (uint32_t)o->nesterov;
+  f[4] = (uint32_t)o->codec;
+  f[5] = (uint32_t)o->codec_block;
+  f[6] = (uint32_t)o->merge;
+  f[7] = (uint32_t)o->fragmenting;
+  memcpy(&f[8], &o->alpha, 4);
+  memcpy(&f[9], &o->outer_lr, 4);
+  memcpy(&f[10], &o->outer_momentum, 4);
+}
+static const char *const field_names[11] = {"H", "fragments", "overlap", "nesterov", "codec", "codec_block", "merge",
+                                            "fragmenting", "alpha", "outer_lr", "outer_momentum"};
+
+distro_status distro_diloco_save(distro_diloco *d, const char *path) {
+  distro_status st = DISTRO_OK;
+  char *tmp = NULL;
+  int fd = -1;
+  writer w = {0};
+  if (!d || !path || !*path) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_save: NULL argument");
+  DISTRO_CHECK(distro__diloco_prepare(d));
+  DISTRO_CHECK(distro__diloco_wait(d, NULL));
+  size_t len = strlen(path) + 32;
+  tmp = malloc(len);
+  if (!tmp) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  snprintf(tmp, len, "%s.tmp.%ld", path, (long)getpid());
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) DISTRO_FAIL(DISTRO_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+  w.f = fdopen(fd, "wb");
+  if (!w.f) DISTRO_FAIL(DISTRO_ERR_IO, "fdopen '%s': %s", tmp, strerror(errno));
+  fd = -1;
+  w_bytes(&w, DLC_MAGIC, 8);
+  w_u32(&w, DLC_STATE_VERSION);
+  uint32_t hf[11];
+  header_fields(d, hf);
+  for (int i = 0; i < 11; i++) w_u32(&w, hf[i]);
+  w_u64(&w, (uint64_t)d->max_block);
+  w_u32(&w, (uint32_t)d->nt);
+  for (int i = 0; i < d->nt; i++) {
+    const distro__param *p = &d->inner->params[i];
+    uint32_t nl = (uint32_t)strlen(p->name);
+    w_u32(&w, nl);
+    w_bytes(&w, p->name, nl);
+    w_u32(&w, (uint32_t)p->ndim);
+    for (int k = 0; k < p->ndim; k++) w_u64(&w, (uint64_t)p->shape[k]);
+    w_u32(&w, (uint32_t)d->layer[i]);
+    w_u32(&w, d->tflags[i]);
+  }
+  w_u64(&w, (uint64_t)d->t);
+  w_u64(&w, d->peak_sent);
+  w_u64(&w, d->total_sent);
+  w_u32(&w, (uint32_t)d->global_init);
+  const int P = d->opt.fragments;
+  for (int p = 0; p < P; p++) {
+    w_u64(&w, (uint64_t)d->frags.numel[p]);
+    w_u64(&w, d->tok[p]);
+    w_u64(&w, d->steps[p]);
+  }
+  const distro__diloco_pending *pd = &d->pending;
+  w_u32(&w, (uint32_t)pd->active);
+  w_u32(&w, (uint32_t)(pd->active ? pd->frag : 0));
+  w_u64(&w, (uint64_t)(pd->active ? pd->sent_at : 0));
+  w_u64(&w, (uint64_t)(pd->active ? pd->apply_at : 0));
+  w_u64(&w, pd->active ? pd->tokens_sent : 0);
+  w_u64(&w, pd->active ? pd->steps_sent : 0);
+  for (int p = 0; p < P; p++) {
+    const size_t n = (size_t)d->frags.numel[p];
+    if (d->global_init) {
+      w_bytes(&w, d->global[p], sizeof(float) * n);
+    } else { /* set from the parameters at the first step */
+      static const float zeros[1024];
+      for (size_t j = 0; j < n; j += 1024) w_bytes(&w, zeros, sizeof(float) * (n - j < 1024 ? n - j : 1024));
+    }
+    w_bytes(&w, d->mom[p], sizeof(float) * n);
+  }
+  uint32_t crc = w.crc;
+  w_bytes(&w, &crc, 4);
+  if (w.err) DISTRO_FAIL(DISTRO_ERR_IO, "writing '%s': %s", tmp, strerror(w.err));
+  if (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "flushing '%s': %s", tmp, strerror(errno));
+  FILE *f = w.f;
+  w.f = NULL;
+  if (fclose(f) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "closing '%s': %s", tmp, strerror(errno));
+  if (rename(tmp, path) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "renaming '%s' to '%s': %s", tmp, path, strerror(errno));
+  free(tmp);
+  return DISTRO_OK;
+fail:
+  if (w.f) fclose(w.f);
+  if (fd >= 0) close(fd);
+  if (tmp) {
+    unlink(tmp);
+    free(tmp);
+  }
+  return st;
+}
+
+typedef struct {
+  FILE *f;
+  uint32_t crc;
+  const char *path;
+} reader;
+
+static distro_status r_bytes(reader *r, void *p, size_t n) {
+  if (n == 0) return DISTRO_OK;
+  if (fread(p, 1, n, r->f) != n) return distro__fail(DISTRO_ERR_IO, "'%s' is truncated or unreadable", r->path);
+  r->crc = distro__crc32c_update(r->crc, p, n);
+  return DISTRO_OK;
+}
+
+distro_status distro_diloco_load(distro_diloco *d, const char *path) {
+  distro_status st = DISTRO_OK;
+  reader r = {0};
+  float **fresh = NULL;
+  const int P = d ? d->opt.fragments : 0;
+  if (!d || !path) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_load: NULL argument");
+  DISTRO_CHECK(distro__diloco_prepare(d));
+  (void)distro__diloco_wait(d, NULL); /* the loaded state replaces its outcome */
+  r.path = path;
+  r.f = fopen(path, "rb");
+  if (!r.f) DISTRO_FAIL(DISTRO_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+  char magic[8];
+  uint32_t version, hf[11], want[11], nt, gi;
+  uint64_t max_block, t, peak, total;
+  DISTRO_CHECK(r_bytes(&r, magic, 8));
+  if (memcmp(magic, DLC_MAGIC, 8) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s' is not a distro DiLoCo state file", path);
+  DISTRO_CHECK(r_bytes(&r, &version, 4));
+  if (version != DLC_STATE_VERSION) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': unsupported DiLoCo state version %u", path, version);
+  header_fields(d, want);
+  for (int i = 0; i < 11; i++) {
+    DISTRO_CHECK(r_bytes(&r, &hf[i], 4));
+    if (hf[i] != want[i])
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved with a different DiLoCo option %s", path, field_names[i]);
+  }
+  DISTRO_CHECK(r_bytes(&r, &max_block, 8));
+  if (max_block != (uint64_t)d->max_block)
+    DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved with max_block %llu, this run uses %lld", path,
+                (unsigned long long)max_block, (long long)d->max_block);
+  DISTRO_CHECK(r_bytes(&r, &nt, 4));
+  if (nt != (uint32_t)d->nt) DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' holds %u tensors, this run has %d", path, nt, d->nt);
+  for (int i = 0; i < d->nt; i++) {
+    const distro__param *p = &d->inner->params[i];
+    uint32_t nl, nd, lay, fl;
+    char name[256];
+    DISTRO_CHECK(r_bytes(&r, &nl, 4));
+    if (nl == 0 || nl > 255) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt tensor name length", path);
+    DISTRO_CHECK(r_bytes(&r, name, nl));
+    name[nl] = 0;
+    if (strcmp(name, p->name))
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor #%d is '%s', this run has '%s'", path, i, name, p->name);
+    DISTRO_CHECK(r_bytes(&r, &nd, 4));
+    if (nd != (uint32_t)p->ndim) DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' has %u dims, expected %d", path, name, nd, p->ndim);
+    for (int k = 0; k < p->ndim; k++) {
+      uint64_t e;
+      DISTRO_CHECK(r_bytes(&r, &e, 8));
+      if (e != (uint64_t)p->shape[k])
+        DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' dim %d is %llu, expected %lld", path, name, k,
+                    (unsigned long long)e, (long long)p->shape[k]);
+    }
+    DISTRO_CHECK(r_bytes(&r, &lay, 4));
+    DISTRO_CHECK(r_bytes(&r, &fl, 4));
+    if (lay != (uint32_t)d->layer[i] || fl != d->tflags[i])
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' was saved with layer %d flags %u, this run has %d and %u", path, name,
+                  (int)lay, fl, d->layer[i], d->tflags[i]);
+  }
+  DISTRO_CHECK(r_bytes(&r, &t, 8));
+  DISTRO_CHECK(r_bytes(&r, &peak, 8));
+  DISTRO_CHECK(r_bytes(&r, &total, 8));
+  DISTRO_CHECK(r_bytes(&r, &gi, 4));
+  if (t > (uint64_t)INT64_MAX / 2 || gi > 1) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt schedule position", path);
+  uint64_t *ctr = calloc(2 * (size_t)P, sizeof *ctr);
+  if (!ctr) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  for (int p = 0; p < P && st == DISTRO_OK; p++) {
+    uint64_t n;
+    st = r_bytes(&r, &n, 8);
+    if (st == DISTRO_OK && n != (uint64_t)d->frags.numel[p])
+      st = distro__fail(DISTRO_ERR_SHAPE, "'%s': fragment %d has %llu elements, this run %lld", path, p,
+                        (unsigned long long)n, (long long)d->frags.numel[p]);
+    if (st == DISTRO_OK) st = r_bytes(&r, &ctr[2 * p], 8);
+    if (st == DISTRO_OK) st = r_bytes(&r, &ctr[2 * p + 1], 8);
+  }
+  if (st != DISTRO_OK) {
+    free(ctr);
+    goto fail;
+  }
+  uint32_t pa, pf;
+  uint64_t ps, pap, ptok, pst;
+  distro_status s2 = DISTRO_OK;
+  s2 = r_bytes(&r, &pa, 4);
+  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &pf, 4);
+  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &ps, 8);
+  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &pap, 8);
+  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &ptok, 8);
+  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &pst, 8);
+  if (s2 == DISTRO_OK && (pa > 1 || (pa && (pf >= (uint32_t)P || ps > t || pap <= t || pap - ps != (uint64_t)d->opt.overlap))))
+    s2 = distro__fail(DISTRO_ERR_IO, "'%s': corrupt pending exchange record", path);
+  if (s2 != DISTRO_OK) {
+    free(ctr);
+    DISTRO_CHECK(s2);
+  }
+  fresh = calloc(2 * (size_t)P, sizeof *fresh);
+  if (!fresh) {
+    free(ctr);
+    DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  }
+  for (int p = 0; p < P && st == DISTRO_OK; p++)
+    for (int a = 0; a < 2 && st == DISTRO_OK; a++) {
+      const size_t n = (size_t)d->frags.numel[p];
+      fresh[2 * p + a] = malloc(sizeof(float) * n);
+      st = fresh[2 * p + a] ? r_bytes(&r, fresh[2 * p + a], sizeof(float) * n)
+                            : distro__fail(DISTRO_ERR_NOMEM, "out of memory loading the global copy");
+    }
+  if (st == DISTRO_OK) {
+    uint32_t wantc = r.crc, got;
+    st = r_bytes(&r, &got, 4);
+    if (st == DISTRO_OK && got != wantc) st = distro__fail(DISTRO_ERR_IO, "'%s': checksum mismatch (file corrupt)", path);
+    if (st == DISTRO_OK && fgetc(r.f) != EOF) st = distro__fail(DISTRO_ERR_IO, "'%s': trailing bytes after the checksum", path);
+  }
+  if (st != DISTRO_OK) {
+    free(ctr);
+    goto fail;
+  }
+  /* Everything checked: swap in. */
+  for (int p = 0; p < P; p++) {
+    free(d->global[p]);
+    free(d->mom[p]);
+    d->global[p] = fresh[2 * p];
+    d->mom[p] = fresh[2 * p + 1];
+    d->tok[p] = ctr[2 * p];
+    d->steps[p] = ctr[2 * p + 1];
+  }
+  free(ctr);
+  free(fresh);
+  fresh = NULL;
+  d->t = (int64_t)t;
+  d->peak_sent = peak;
+  d->total_sent = total;
+  d->global_init = (int)gi;
+  d->pending = (distro__diloco_pending){(int)pa, (int)pf, (int64_t)ps, (int64_t)pap, ptok, pst};
+  d->verified = 0; /* learners agree again at the next step */
+  fclose(r.f);
+  return DISTRO_OK;
+fail:
+  if (r.f) fclose(r.f);
+  if (fresh)
+    for (int i = 0; i < 2 * P; i++) free(fresh[i]);
+  free(fresh);
+  return st;
+}
