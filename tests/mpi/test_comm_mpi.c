@@ -20,6 +20,7 @@
 #include <distro/comm.h>
 #include <distro/mpi.h>
 #include <distro/optim.h>
+#include <distro/diloco.h>
 
 #include "testutil.h"
 
@@ -279,6 +280,78 @@ static int check_optimizer_distro_adamw(check_ctx *t) {
 
 static int check_optimizer_adamw(check_ctx *t) { return check_optimizer(t, distro_options_default(DISTRO_ALG_ADAMW)); }
 
+/* ---- DiLoCo across MPI learners ------------------------------------------------ */
+
+#define DLC_STEPS 9
+
+/* One learner per rank (its inner comm is a local group of one); the outer
+ * comm is `comm`. Writes this learner's final parameters to out[rank]. */
+static distro_status dlc_rank(distro_comm *comm, int rank, void *arg) {
+  opt_run *run = arg;
+  const size_t n = opt_total();
+  float *p = malloc(n * sizeof *p), *g = malloc(n * sizeof *g);
+  distro_comm *inner[1] = {NULL};
+  distro_optim *o = NULL;
+  distro_diloco *d = NULL;
+  distro_status st = distro_comm_local_group(1, inner);
+  if (st == DISTRO_OK) st = distro_optim_create(&run->opt, inner[0], &o);
+  tu_rng init = {run->seed};
+  tu_fill_normal(&init, p, n, 1.0f);
+  size_t off = 0;
+  for (int i = 0; i < 3 && st == DISTRO_OK; off += opt_numel(i), i++) {
+    char name[8];
+    snprintf(name, sizeof name, "t%d", i);
+    st = distro_optim_add_param(o, name, p + off, g + off, opt_ndims[i], opt_shapes[i]);
+  }
+  distro_diloco_options dlo = distro_diloco_options_default();
+  dlo.H = 4;
+  dlo.fragments = 2;
+  dlo.overlap = 1;
+  dlo.alpha = 0.5f;
+  dlo.codec = DISTRO_OUTER_INT4;
+  dlo.merge = DISTRO_MERGE_RADIAL_TOKENS;
+  if (st == DISTRO_OK) st = distro_diloco_create(&dlo, o, comm, &d);
+  for (int s = 0; s < DLC_STEPS && st == DISTRO_OK; s++) {
+    tu_rng r = {run->seed ^ (uint64_t)(1000 * s + rank + 1)};
+    tu_fill_normal(&r, g, n, 1.0f);
+    st = distro_diloco_step(d, 1e-3f, 100 + (uint64_t)rank, NULL);
+  }
+  if (st == DISTRO_OK) st = distro_diloco_sync_all(d, NULL);
+  if (st == DISTRO_OK) memcpy(run->out + (size_t)rank * n, p, n * sizeof *p);
+  distro_diloco_free(d);
+  distro_optim_free(o);
+  distro_comm_free(inner[0]);
+  free(p);
+  free(g);
+  return st;
+}
+
+/* MPI learners end bit-identical (after sync_all), and equal to in-process
+ * learners given the same inputs. */
+static int check_diloco(check_ctx *t) {
+  const size_t n = opt_total();
+  opt_run mpi = {distro_options_default(DISTRO_ALG_ADAMW), t->seed, calloc((size_t)t->size * n, sizeof(float))};
+  int bad = 0;
+  if (dlc_rank(t->comm, t->rank, &mpi) != DISTRO_OK) bad = failf(t, "MPI DiLoCo run: %s", distro_last_error());
+  float *mine = malloc(n * sizeof(float));
+  memcpy(mine, mpi.out + (size_t)t->rank * n, n * sizeof(float));
+  MPI_Allgather(mine, (int)n, MPI_FLOAT, mpi.out, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
+  for (int r = 1; r < t->size && !bad; r++)
+    if (memcmp(mpi.out, mpi.out + (size_t)r * n, n * sizeof(float)))
+      bad = failf(t, "learner %d parameters differ from learner 0's", r);
+  if (!bad && t->rank == 0) {
+    opt_run local = {mpi.opt, t->seed, calloc((size_t)t->size * n, sizeof(float))};
+    if (distro_comm_run_local(t->size, dlc_rank, &local) != DISTRO_OK)
+      bad = failf(t, "in-process DiLoCo run: %s", distro_last_error());
+    else if (memcmp(local.out, mpi.out, (size_t)t->size * n * sizeof(float)))
+      bad = failf(t, "in-process learners and MPI learners end with different parameters");
+    free(local.out);
+  }
+  free(mine);
+  free(mpi.out);
+  return bad;
+}
+
 static const struct {
   const char *name;
   check_fn fn;
@@ -294,6 +367,7 @@ static const struct {
     {"optimizer_demo_sign", check_optimizer_demo},
     {"optimizer_distro_adamw_bf16", check_optimizer_distro_adamw},
     {"optimizer_adamw_allreduce", check_optimizer_adamw},
+    {"diloco_learners_mpi_vs_in_process", check_diloco},
 };
 
 int main(int argc, char **argv) {
