@@ -203,7 +203,7 @@ Test(gpt_errors, bad_flags) {
   expect_error("--steps 0", 2, "--steps must be >= 1");
   expect_error("--lr fast", 2, "--lr: 'fast' is not a number");
   expect_error("--optim sgd", 2, "--optim: 'sgd' is not one of adamw, distro, distro-adamw");
-  expect_error("--values f8", 2, "--values: 'f8' is not one of f32, bf16, sign1");
+  expect_error("--values f8", 2, "--values: 'f8' is not one of f32, bf16, sign1, int8, int4");
   expect_error("--dim 30 --heads 4", 2, "dim must be a multiple of heads");
   expect_error("--decay 1", 2, "--decay must be < 1");
   expect_error("--plot x.png", 2, "--plot needs --compare");

@@ -8,30 +8,31 @@
 
 #include "util.h"
 
-typedef struct {
-  const char *name;
-  gpt_optim_kind optim;
-  distro_values values;
-  int topk; /* 0: the common setting */
-} variant;
-
-/* The all-reduce baseline first: the others are measured against it. */
+/* The rows of the comparison, each with its tuned settings (README.md,
+ * "Tuning"). The all-reduce baseline first: the others are measured against it. */
 static const variant VARIANTS[] = {
-    {"adamw", GPT_OPT_ADAMW, DISTRO_VALUES_F32, 0},
-    {"distro", GPT_OPT_DISTRO, DISTRO_VALUES_F32, 0},
-    {"distro-adamw", GPT_OPT_DISTRO_ADAMW, DISTRO_VALUES_F32, 0},
-    {"distro-sign1", GPT_OPT_DISTRO, DISTRO_VALUES_SIGN1, 0},
+    /* name            optimizer             lr      chunk topk decay   values */
+    {"adamw",          GPT_OPT_ADAMW,        4e-3f,  0,    0,   0.0f,   DISTRO_VALUES_F32},
+    {"distro",         GPT_OPT_DISTRO,       2.5e-3f, 32,  32,  0.999f, DISTRO_VALUES_SIGN1},
+    {"distro-adamw",   GPT_OPT_DISTRO_ADAMW, 1e-3f,  64,   32,  0.5f,   DISTRO_VALUES_F32},
+    {"distro-ref",     GPT_OPT_DISTRO,       2e-3f,  64,   32,  0.999f, DISTRO_VALUES_F32},
 };
 #define NVAR ((int)(sizeof VARIANTS / sizeof *VARIANTS))
 
-float default_lr(gpt_optim_kind k, distro_values v) {
-  (void)v;
-  switch (k) {
-    case GPT_OPT_ADAMW: return 2e-3f;
-    case GPT_OPT_DISTRO: return 5e-4f;
-    case GPT_OPT_DISTRO_ADAMW: return 2e-3f;
-  }
-  return 1e-3f;
+const variant *tuned_variant(gpt_optim_kind k) {
+  for (int i = 0; i < NVAR; i++)
+    if (VARIANTS[i].optim == k) return &VARIANTS[i];
+  return &VARIANTS[0];
+}
+
+void apply_variant(train_config *c, const variant *v, const compare_overrides *ov) {
+  c->optim = v->optim;
+  if (!ov->lr) c->lr = v->lr;
+  if (v->optim == GPT_OPT_ADAMW) return;
+  if (!ov->chunk) c->chunk = v->chunk;
+  if (!ov->topk) c->topk = v->topk;
+  if (!ov->decay) c->decay = v->decay;
+  if (!ov->values) c->values = v->values;
 }
 
 static int in_path(const char *prog) {
@@ -79,7 +80,7 @@ static int plot(const char *path, const train_config *base, const train_result *
     for (int k = 1; k <= 100; k++) {
       int s = (int)((double)steps * k / 100.0 + 0.5);
       if (s < 1) continue;
-      fprintf(g, "%d %.6g\n", s, (double)s * (double)res[i].sent_per_step * res[i].world);
+      fprintf(g, "%d %.6g\n", s, (double)s * res[i].sent_per_step * res[i].world);
     }
     fprintf(g, "EOD\n");
   }
@@ -128,10 +129,7 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
     const variant *v = &VARIANTS[i];
     train_config *c = &cfg[i];
     *c = *base;
-    c->optim = v->optim;
-    if (!ov->values) c->values = v->values;
-    if (!ov->topk && v->topk) c->topk = v->topk;
-    if (!ov->lr) c->lr = default_lr(c->optim, c->values);
+    apply_variant(c, v, ov);
     c->label = v->name;
     names[i] = v->name;
     if (base->log_path) {
@@ -167,19 +165,23 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
          ref->world, base->batch, base->model.context, base->steps,
          (double)base->steps * ref->world * base->batch * base->model.context / 1e6, ref->nparams,
          (unsigned long long)base->seed);
-  printf("%-13s %8s %9s %9s %14s %14s %11s %10s %7s %14s\n", "optimizer", "lr", "val loss", "vs adamw",
-         "sent/step/rank", "recv/step/rank", "total sent", "less than", "wall", "optimizer");
-  printf("%-13s %8s %9s %9s %14s %14s %11s %10s %7s %14s\n", "", "", "(final)", "", "", "", "(all ranks)",
-         "all-reduce", "", "share of step");
+  printf("%-13s %7s %-17s %8s %8s %14s %14s %11s %10s %6s %14s\n", "optimizer", "lr", "chunk/topk/values",
+         "val loss", "vs adamw", "sent/step/rank", "recv/step/rank", "total sent", "less than", "wall", "optimizer");
+  printf("%-13s %7s %-17s %8s %8s %14s %14s %11s %10s %6s %14s\n", "", "", "/decay", "(final)", "", "", "",
+         "(all ranks)", "all-reduce", "", "share of step");
   for (int i = 0; i < NVAR; i++) {
     const train_result *r = &res[i];
     const double share = r->step_seconds > 0 ? r->optim_seconds / r->step_seconds : 0;
     const double own = r->step_seconds > 0 ? (r->optim_seconds - r->exchange_seconds) / r->step_seconds : 0;
     char less[32];
-    snprintf(less, sizeof less, "%.0fx", (double)ref->sent_per_step / (double)(r->sent_per_step ? r->sent_per_step : 1));
-    printf("%-13s %8.2g %9.4f %9.4f %14s %14s %11s %10s %7s %6.1f%% (%.1f%%)\n", names[i], (double)cfg[i].lr,
-           r->final_val, r->final_val / ref->final_val, fmt_bytes(b1, sizeof b1, (double)r->sent_per_step),
-           fmt_bytes(b2, sizeof b2, (double)r->recv_per_step), fmt_bytes(b3, sizeof b3, (double)r->total_sent),
+    snprintf(less, sizeof less, "%.0fx", ref->sent_per_step / (r->sent_per_step > 0 ? r->sent_per_step : 1));
+    char comp[64] = "-";
+    if (cfg[i].optim != GPT_OPT_ADAMW)
+      snprintf(comp, sizeof comp, "%d/%d/%s/%g", cfg[i].chunk, cfg[i].topk, values_name(cfg[i].values),
+               (double)cfg[i].decay);
+    printf("%-13s %7.2g %-17s %8.4f %8.4f %14s %14s %11s %10s %6s %6.1f%% (%.1f%%)\n", names[i], (double)cfg[i].lr,
+           comp, r->final_val, r->final_val / ref->final_val, fmt_bytes(b1, sizeof b1, r->sent_per_step),
+           fmt_bytes(b2, sizeof b2, r->recv_per_step), fmt_bytes(b3, sizeof b3, (double)r->total_sent),
            less, fmt_duration(d1, sizeof d1, r->wall), 100 * share, 100 * own);
   }
   printf("bytes: per rank per step from distro_step_stats (DisTrO: its payload, all-gathered; adamw: its share of\n"
@@ -191,7 +193,7 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
   for (int i = 1; i < NVAR; i++)
     if (res[i].final_val < res[best].final_val) best = i;
   const double gap = res[best].final_val / ref->final_val - 1;
-  const double fewer = (double)ref->sent_per_step / (double)res[best].sent_per_step;
+  const double fewer = ref->sent_per_step / res[best].sent_per_step;
   double worst_share = 0;
   for (int i = 0; i < NVAR; i++)
     if (res[i].step_seconds > 0 && res[i].optim_seconds / res[i].step_seconds > worst_share)

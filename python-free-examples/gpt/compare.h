@@ -17,7 +17,21 @@ typedef struct {
 int compare_run(const train_config *base, const compare_overrides *ov, const gpt_corpus *data, distro_comm *comm,
                 const char *plot_path);
 
-/* Tuned default learning rate of an optimizer (single runs and --compare). */
-float default_lr(gpt_optim_kind k, distro_values v);
+/* A row of the comparison: an optimizer with its tuned settings. */
+typedef struct {
+  const char *name;
+  gpt_optim_kind optim;
+  float lr;
+  int chunk, topk;
+  float decay;
+  distro_values values;
+} variant;
+
+/* The tuned settings of an optimizer (its first row in the comparison),
+ * also the defaults of a single run. */
+const variant *tuned_variant(gpt_optim_kind k);
+
+/* Sets c's optimizer and those of its settings the user did not fix. */
+void apply_variant(train_config *c, const variant *v, const compare_overrides *ov);
 
 #endif

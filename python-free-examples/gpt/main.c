@@ -15,6 +15,18 @@
 #include "train.h"
 
 static void usage(FILE *f) {
+  char defaults[1024] = "";
+  size_t n = 0;
+  static const char *names[] = {"adamw", "distro", "distro-adamw"};
+  for (int k = 0; k < 3; k++) {
+    const variant *v = tuned_variant((gpt_optim_kind)k);
+    n += (size_t)snprintf(defaults + n, sizeof defaults - n, "                        %-13s lr %g", names[k],
+                          (double)v->lr);
+    if (v->optim != GPT_OPT_ADAMW)
+      n += (size_t)snprintf(defaults + n, sizeof defaults - n, ", chunk %d, topk %d, decay %g, %s values", v->chunk,
+                            v->topk, (double)v->decay, values_name(v->values));
+    n += (size_t)snprintf(defaults + n, sizeof defaults - n, "\n");
+  }
   fprintf(f,
 "usage: gpt-train [options]             in-process ranks (threads)\n"
 "       mpirun -np N gpt-train --mpi [options]   one rank per MPI process\n"
@@ -31,19 +43,20 @@ static void usage(FILE *f) {
 "  --untied            separate output head (default: tied to the token embedding)\n"
 "optimizer\n"
 "  --optim NAME        adamw (gradient all-reduce + AdamW), distro (DeMo sign update)\n"
-"                      or distro-adamw (DisTrO exchange feeding AdamW); default distro-adamw\n"
-"  --lr X              peak learning rate (default per optimizer: adamw %g, distro %g,\n"
-"                      distro-adamw %g)\n"
+"                      or distro-adamw (DisTrO exchange feeding AdamW); default distro\n"
+"  --lr X              peak learning rate (default: the optimizer's, below)\n"
 "  --lr-final F        final lr as a fraction of the peak (0.1)\n"
 "  --warmup N          linear warm-up steps (default steps/20)\n"
 "  --clip X            clip each rank's local gradient to global L2 norm X (1.0; 0: off).\n"
 "                      The all-reduce happens inside the optimizer step, so for every\n"
 "                      optimizer this is per rank, before averaging.\n"
 "  --wd X              decoupled weight decay (0)\n"
-"  --topk N            DisTrO: coefficients kept per chunk (32)\n"
-"  --chunk N           DisTrO: DCT chunk edge (64)\n"
-"  --decay X           DisTrO: momentum decay (0.999)\n"
-"  --values V          DisTrO: f32, bf16 or sign1 (1 bit per value) (f32)\n"
+"  --topk N            DisTrO: coefficients kept per chunk\n"
+"  --chunk N           DisTrO: DCT chunk edge\n"
+"  --decay X           DisTrO: momentum decay\n"
+"  --values V          DisTrO: f32, bf16, sign1 (1 bit per value: a vote), int8, int4\n"
+"                      defaults, tuned on the demo setting (README.md):\n"
+"%s"
 "training\n"
 "  --steps N           optimizer steps (300)\n"
 "  --batch N           sequences per rank per step (8)\n"
@@ -63,14 +76,12 @@ static void usage(FILE *f) {
 "  --checksum          print a checksum of the final parameters\n"
 "  --quiet             no progress lines\n"
 "comparison\n"
-"  --compare           run adamw, distro, distro-adamw and distro with 1-bit values on the\n"
-"                      same data, seed and steps; print a table (settings you give apply\n"
-"                      to all; lr, topk, values otherwise per optimizer)\n"
+"  --compare           run the rows above (adamw, distro, distro-adamw, and distro-ref: DeMo's\n"
+"                      reference setting) on the same data, seed and steps and print a table;\n"
+"                      settings you give apply to every row\n"
 "  --plot FILE.png     with --compare: plot validation loss and bytes with gnuplot\n"
 "  --help              this text\n",
-          GPT_FORTUNES_DIR, (double)default_lr(GPT_OPT_ADAMW, DISTRO_VALUES_F32),
-          (double)default_lr(GPT_OPT_DISTRO, DISTRO_VALUES_F32),
-          (double)default_lr(GPT_OPT_DISTRO_ADAMW, DISTRO_VALUES_F32));
+          GPT_FORTUNES_DIR, defaults);
 }
 
 static int bad(const char *fmt, const char *a, const char *b) {
@@ -123,8 +134,8 @@ int main(int argc, char **argv) {
   c.beta1 = 0.9f;
   c.beta2 = 0.95f;
   c.seed = 1;
-  c.optim = GPT_OPT_DISTRO_ADAMW;
-  c.topk = 32;
+  c.optim = GPT_OPT_DISTRO;
+  c.topk = 32; /* the DisTrO settings come from the optimizer's row in compare.c */
   c.chunk = 64;
   c.decay = 0.999f;
   c.values = DISTRO_VALUES_F32;
@@ -181,7 +192,9 @@ int main(int argc, char **argv) {
       if (!strcmp(v, "f32")) c.values = DISTRO_VALUES_F32;
       else if (!strcmp(v, "bf16")) c.values = DISTRO_VALUES_BF16;
       else if (!strcmp(v, "sign1")) c.values = DISTRO_VALUES_SIGN1;
-      else return bad("--values: '%s' is not one of f32, bf16, sign1%s", v, "");
+      else if (!strcmp(v, "int8")) c.values = DISTRO_VALUES_INT8;
+      else if (!strcmp(v, "int4")) c.values = DISTRO_VALUES_INT4;
+      else return bad("--values: '%s' is not one of f32, bf16, sign1, int8, int4%s", v, "");
       ov.values = 1;
     } else if (!strcmp(a, "--steps")) rc = parse_int(a, v, 1, &c.steps);
     else if (!strcmp(a, "--batch")) rc = parse_int(a, v, 1, &c.batch);
@@ -216,7 +229,7 @@ int main(int argc, char **argv) {
     return bad("--compare does not take --save, --resume or --stop-after%s%s", "", "");
   if (c.stop_after && !c.save_path)
     return bad("--stop-after needs --save (where to continue from)%s%s", "", "");
-  if (isnan(c.lr)) c.lr = default_lr(c.optim, c.values);
+  if (!compare) apply_variant(&c, tuned_variant(c.optim), &ov);
   if (c.warmup < 0) c.warmup = c.steps / 20;
   if (c.warmup > c.steps) return bad("--warmup must be <= --steps%s%s", "", "");
   if (c.optim == GPT_OPT_ADAMW && !compare && (ov.topk || ov.chunk || ov.decay || ov.values))

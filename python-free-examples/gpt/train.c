@@ -128,6 +128,7 @@ static ckpt_meta make_meta(const train_config *c, int world) {
   return k;
 }
 
+/* Bytes: this rank's, in this step and since the start. */
 static void print_progress(const run_ctx *x, int step, float loss, double val, double tok_s,
                            const distro_step_stats *st, uint64_t tot_sent, uint64_t tot_recv, double elapsed,
                            double eta) {
@@ -209,7 +210,9 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   const int stop = c->stop_after > 0 && c->stop_after < c->steps ? c->stop_after : c->steps;
   const size_t eval_count = (size_t)c->eval_batches * (size_t)B;
   const double tokens_per_step = (double)world * B * T;
-  uint64_t tot_sent = 0, tot_recv = 0;
+  uint64_t tot_sent = 0, tot_recv = 0;     /* all ranks (every rank sends as much as rank 0, up to
+                                              the data-dependent entropy coding of wire v2) */
+  uint64_t my_sent = 0, my_recv = 0;       /* this rank */
   double t_begin = gpt_now(), step_sum = 0, optim_sum = 0, exch_sum = 0;
   double iv_tokens = 0, iv_time = 0;
   float loss_mean = NAN;
@@ -238,19 +241,22 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     step_sum += dt;
     optim_sum += st.seconds_total;
     exch_sum += st.seconds_exchange;
-    tot_sent += st.bytes_sent * (uint64_t)world;
-    tot_recv += st.bytes_received * (uint64_t)world;
+    my_sent += st.bytes_sent;
+    my_recv += st.bytes_received;
     iv_tokens += tokens_per_step;
     iv_time += dt;
 
-    /* The loss and gradient norm averaged over ranks, for the log only. */
-    float red[2] = {loss, gnorm};
-    if (distro_comm_allreduce_sum(comm, red, 2) != DISTRO_OK) {
+    /* The loss and gradient norm averaged over ranks, and this step's bytes
+     * summed over ranks (payload sizes vary with the data), for the log. */
+    float red[4] = {loss, gnorm, (float)st.bytes_sent, (float)st.bytes_received};
+    if (distro_comm_allreduce_sum(comm, red, 4) != DISTRO_OK) {
       FAIL("all-reduce of the loss failed: %s", distro_last_error());
       who = 0;
       goto done;
     }
     loss_mean = red[0] / (float)world;
+    tot_sent += (uint64_t)red[2];
+    tot_recv += (uint64_t)red[3];
     const int done_steps = step + 1;
     double val = NAN;
     if ((c->eval_every > 0 && done_steps % c->eval_every == 0) || done_steps == stop) {
@@ -270,13 +276,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     if (lead && !c->quiet &&
         (done_steps % c->print_every == 0 || !isnan(val) || done_steps == stop || step == start)) {
       const double eta = elapsed / (done_steps - (double)start) * (stop - done_steps);
-      print_progress(x, done_steps, loss_mean, val, iv_tokens / iv_time, &st, tot_sent / world,
-                     tot_recv / world, elapsed, eta);
+      print_progress(x, done_steps, loss_mean, val, iv_tokens / iv_time, &st, my_sent, my_recv, elapsed, eta);
       iv_tokens = iv_time = 0;
-    }
-    if (lead) {
-      res->sent_per_step = st.bytes_sent;
-      res->recv_per_step = st.bytes_received;
     }
     if (c->save_path && ((c->save_every > 0 && done_steps % c->save_every == 0) || done_steps == stop)) {
       who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, rng.s, err, sizeof err);
@@ -303,6 +304,10 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     res->final_val = final_val;
     res->last_train = loss_mean;
     res->total_sent = tot_sent;
+    res->total_recv = tot_recv;
+    const double nsteps = stop - (double)start;
+    res->sent_per_step = nsteps > 0 ? (double)tot_sent / world / nsteps : 0;
+    res->recv_per_step = nsteps > 0 ? (double)tot_recv / world / nsteps : 0;
     res->wall = gpt_now() - t_begin;
     res->step_seconds = step_sum;
     res->optim_seconds = optim_sum;

@@ -59,8 +59,8 @@ typedef struct {
   double eval_loss[1024];     /* periodic evaluations on a fixed subset of the validation split */
   double final_val;           /* the whole validation split, after the last step (NAN if stopped early) */
   double last_train;          /* mean over ranks of the last step's loss */
-  uint64_t sent_per_step, recv_per_step; /* one rank, one step */
-  uint64_t total_sent;        /* all ranks, whole run (this process) */
+  double sent_per_step, recv_per_step; /* per rank per step, mean over ranks and steps */
+  uint64_t total_sent, total_recv;     /* all ranks, whole run */
   double wall;                /* seconds, evaluation included */
   double step_seconds;        /* sum of step times (sampling, forward, backward, clip, optimizer) */
   double optim_seconds;       /* sum of distro_step_stats.seconds_total */
