@@ -77,6 +77,9 @@ static void make_grad(float *g, int64_t rows, int64_t cols, uint64_t seed) {
 
 static size_t section_bytes_forced(const uint32_t *idx, const float *val, const distro__tiling *t,
                                    distro__idx_codec ic, distro_values v, int bf16_raw, uint8_t *buf, size_t cap) {
+  /* The bit writer clears its whole buffer: give it what a section needs. */
+  const size_t need = (size_t)(t->nchunks * t->k) * 4 + (size_t)t->nchunks * 4 + 64;
+  if (need < cap) cap = need;
   size_t ib = distro__idx_encode(idx, t->nchunks, t->k, t->chunk_elems, NULL, ic, 0, buf, cap);
   int param = 0;
   distro__val_plan(v, val, t->nchunks, t->k, &param);
@@ -110,7 +113,7 @@ static void encode_tensor(const distro__tiling *t, const distro__enum_table *et,
   float *vp[1] = {(float *)val};
   for (int e = 0; e < 3; e++) {
     double t0 = now();
-    size_t n = distro__wire2_encode(buf, cap, &w2, 1, ent[e], 0, 0, ip, vp);
+    size_t n = distro__wire2_encode(buf, distro__wire2_bound(&w2, 1, ent[e]), &w2, 1, ent[e], 0, 0, ip, vp);
     double t1 = now();
     int ab;
     uint32_t why, tens;
