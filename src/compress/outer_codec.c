@@ -67,16 +67,22 @@ static float get_f32(const uint8_t *p) {
 static int qmax_of(distro_outer_codec c) { return c == DISTRO_OUTER_INT8 ? 127 : 7; }
 
 /* E3M0 code of y = |x| / s in [0, 1]: 0, or e in 1..7 for 2^(e-7), nearest
- * in linear distance. */
-static unsigned fp4_code(float y) {
-  if (!(y >= 0x1p-7f)) return 0;
-  int E;
-  (void)frexpf(y, &E); /* y in [2^(E-1), 2^E) */
-  int k = E - 1;
-  if (y >= ldexpf(1.5f, k)) k++;
-  if (k > 0) k = 0;
-  if (k < -6) k = -6;
-  return (unsigned)(k + 7);
+ * in linear distance: the number of thresholds 2^-7 (half of the smallest
+ * magnitude) and 1.5 * 2^k (k = -6..-1, midpoints) that y reaches. */
+static const float fp4_threshold[7] = {0x1p-7f, 0x1.8p-6f, 0x1.8p-5f, 0x1.8p-4f, 0x1.8p-3f, 0x1.8p-2f, 0x1.8p-1f};
+static const float fp4_value[8] = {0.0f, 0x1p-6f, 0x1p-5f, 0x1p-4f, 0x1p-3f, 0x1p-2f, 0x1p-1f, 1.0f};
+
+static inline unsigned fp4_code(float y) {
+  unsigned e = 0;
+  for (int i = 0; i < 7; i++) e += y >= fp4_threshold[i];
+  return e;
+}
+
+/* roundf (half away from zero) without a libm call: |v| is small. */
+static inline int round_int(float v) {
+  int q = (int)v; /* toward zero */
+  const float r = v - (float)q; /* exact */
+  return q + (r >= 0.5f) - (r <= -0.5f);
 }
 
 /* One block of the INT8/INT4/FP4 codecs: scale, then codes. */
@@ -96,10 +102,10 @@ static void encode_block(distro_outer_codec c, const float *x, int64_t n, float 
       if (code && x[j] < 0.0f) code |= 8u;
     } else {
       const int qm = qmax_of(c);
-      float q = s > 0.0f ? roundf(x[j] / s) : 0.0f;
-      if (q > (float)qm) q = (float)qm;
-      if (q < (float)-qm) q = (float)-qm;
-      code = (unsigned)(int)q;
+      int q = s > 0.0f ? round_int(x[j] / s) : 0;
+      if (q > qm) q = qm;
+      if (q < -qm) q = -qm;
+      code = (unsigned)q;
     }
     const int64_t at = first + j;
     if (c == DISTRO_OUTER_INT8) {
@@ -143,9 +149,13 @@ void distro__outer_encode(distro_outer_codec c, const float *x, int64_t n, int b
 
 distro_status distro__outer_check(distro_outer_codec c, const uint8_t *in, int64_t n, int block) {
   if (c == DISTRO_OUTER_F32) {
-    for (int64_t j = 0; j < n; j++)
-      if (!isfinite(get_f32(in + 4 * j)))
-        return distro__fail(DISTRO_ERR_PAYLOAD, "f32 outer gradient element %lld is not finite", (long long)j);
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (n > PAR_MIN)
+    for (int64_t j = 0; j < n; j++) bad |= !isfinite(get_f32(in + 4 * j));
+    if (bad)
+      for (int64_t j = 0; j < n; j++)
+        if (!isfinite(get_f32(in + 4 * j)))
+          return distro__fail(DISTRO_ERR_PAYLOAD, "f32 outer gradient element %lld is not finite", (long long)j);
     return DISTRO_OK;
   }
   if (c == DISTRO_OUTER_BF16) {
@@ -164,18 +174,62 @@ distro_status distro__outer_check(distro_outer_codec c, const uint8_t *in, int64
   }
   const uint8_t *codes = in + 4 * (size_t)nb;
   if (c == DISTRO_OUTER_INT8) {
-    for (int64_t j = 0; j < n; j++)
-      if (codes[j] == 0x80)
-        return distro__fail(DISTRO_ERR_PAYLOAD, "int8 outer gradient: code -128 at element %lld", (long long)j);
+    const uint8_t *hit = memchr(codes, 0x80, (size_t)n);
+    if (hit)
+      return distro__fail(DISTRO_ERR_PAYLOAD, "int8 outer gradient: code -128 at element %lld",
+                          (long long)(hit - codes));
     return DISTRO_OK;
   }
-  for (int64_t j = 0; j < n; j++)
-    if (((codes[j >> 1] >> (4 * (j & 1))) & 15u) == 8u)
-      return distro__fail(DISTRO_ERR_PAYLOAD, "%s outer gradient: invalid code 8 at element %lld",
-                          distro__outer_codec_name(c), (long long)j);
+  const int64_t nbytes = (n + 1) / 2;
+  int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (n > PAR_MIN)
+  for (int64_t j = 0; j < nbytes; j++) bad |= (codes[j] & 15u) == 8u || (codes[j] >> 4) == 8u;
+  if (bad)
+    for (int64_t j = 0; j < n; j++)
+      if (((codes[j >> 1] >> (4 * (j & 1))) & 15u) == 8u)
+        return distro__fail(DISTRO_ERR_PAYLOAD, "%s outer gradient: invalid code 8 at element %lld",
+                            distro__outer_codec_name(c), (long long)j);
   if ((n & 1) && (codes[n >> 1] >> 4))
     return distro__fail(DISTRO_ERR_PAYLOAD, "%s outer gradient: non-zero padding", distro__outer_codec_name(c));
   return DISTRO_OK;
+}
+
+/* Decoded element j of a checked run (scale s of its block for the block
+ * codecs). */
+static inline float decoded(distro_outer_codec c, const uint8_t *in, const uint8_t *codes, int64_t j, float s) {
+  switch (c) {
+    case DISTRO_OUTER_F32: return get_f32(in + 4 * j);
+    case DISTRO_OUTER_BF16: return bf16_to((uint16_t)(in[2 * j] | in[2 * j + 1] << 8));
+    case DISTRO_OUTER_INT8: return (float)(int8_t)codes[j] * s;
+    case DISTRO_OUTER_INT4: {
+      const unsigned code = (codes[j >> 1] >> (4 * (j & 1))) & 15u;
+      return (float)(code & 8u ? (int)code - 16 : (int)code) * s;
+    }
+    case DISTRO_OUTER_FP4: {
+      const unsigned code = (codes[j >> 1] >> (4 * (j & 1))) & 15u;
+      const float v = s * fp4_value[code & 7u]; /* a power of two: exact, as ldexpf */
+      return code & 8u ? -v : v;
+    }
+  }
+  return 0.0f;
+}
+
+/* mode 0: out = x; 1: out = coef * x; 2: out += coef * x. */
+static void decode_into(distro_outer_codec c, const uint8_t *in, int64_t n, int block, float coef, float *out, int mode) {
+  const int scaled = c == DISTRO_OUTER_INT8 || c == DISTRO_OUTER_INT4 || c == DISTRO_OUTER_FP4;
+  const int64_t nb = scaled ? nblocks(n, block) : 1, len = scaled ? block : n;
+  const uint8_t *codes = scaled ? in + 4 * (size_t)nb : in;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+  for (int64_t b = 0; b < nb; b++) {
+    const float s = scaled ? get_f32(in + 4 * b) : 0.0f;
+    const int64_t lo = b * len, hi = lo + len <= n ? lo + len : n;
+    if (mode == 0)
+      for (int64_t j = lo; j < hi; j++) out[j] = decoded(c, in, codes, j, s);
+    else if (mode == 1)
+      for (int64_t j = lo; j < hi; j++) out[j] = coef * decoded(c, in, codes, j, s);
+    else
+      for (int64_t j = lo; j < hi; j++) out[j] += coef * decoded(c, in, codes, j, s);
+  }
 }
 
 void distro__outer_decode(distro_outer_codec c, const uint8_t *in, int64_t n, int block, float *out) {
@@ -183,31 +237,10 @@ void distro__outer_decode(distro_outer_codec c, const uint8_t *in, int64_t n, in
     memcpy(out, in, 4 * (size_t)n);
     return;
   }
-  if (c == DISTRO_OUTER_BF16) {
-#pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (int64_t j = 0; j < n; j++) out[j] = bf16_to((uint16_t)(in[2 * j] | in[2 * j + 1] << 8));
-    return;
-  }
-  const int64_t nb = nblocks(n, block);
-  const uint8_t *codes = in + 4 * (size_t)nb;
-#pragma omp parallel for schedule(static) if (n > PAR_MIN)
-  for (int64_t b = 0; b < nb; b++) {
-    const float s = get_f32(in + 4 * b);
-    const int64_t lo = b * block, hi = lo + block <= n ? lo + block : n;
-    for (int64_t j = lo; j < hi; j++) {
-      if (c == DISTRO_OUTER_INT8) {
-        out[j] = (float)(int8_t)codes[j] * s;
-        continue;
-      }
-      unsigned code = (codes[j >> 1] >> (4 * (j & 1))) & 15u;
-      if (c == DISTRO_OUTER_INT4) {
-        int q = code & 8u ? (int)code - 16 : (int)code;
-        out[j] = (float)q * s;
-      } else {
-        unsigned e = code & 7u;
-        float v = e ? ldexpf(s, (int)e - 7) : 0.0f;
-        out[j] = code & 8u ? -v : v;
-      }
-    }
-  }
+  decode_into(c, in, n, block, 1.0f, out, 0);
+}
+
+void distro__outer_decode_axpy(distro_outer_codec c, const uint8_t *in, int64_t n, int block, float coef, float *acc,
+                               int first) {
+  decode_into(c, in, n, block, coef, acc, first ? 1 : 2);
 }

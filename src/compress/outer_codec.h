@@ -38,4 +38,9 @@ distro_status distro__outer_check(distro_outer_codec c, const uint8_t *in, int64
 /* Decodes a checked run into out[0..n-1]. */
 void distro__outer_decode(distro_outer_codec c, const uint8_t *in, int64_t n, int block, float *out);
 
+/* acc[j] = coef * x[j] (first) or acc[j] += coef * x[j], x the decoded run:
+ * the same bits as decoding, then scaling and adding. */
+void distro__outer_decode_axpy(distro_outer_codec c, const uint8_t *in, int64_t n, int block, float coef, float *acc,
+                               int first);
+
 #endif

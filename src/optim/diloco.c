@@ -483,22 +483,11 @@ static double sumsq(const float *x, int64_t n) {
 /* acc[pieces q0..q1) = sum over learners r (in order) of coef[r] * decoded. */
 static void accumulate(distro_diloco *d, int p, int q0, int q1, const float *coef) {
   const distro__fragments *f = &d->frags;
-  const int64_t e0 = d->piece_elem[q0];
-  const int64_t e1 = q1 < f->start[p + 1] ? d->piece_elem[q1] : f->numel[p];
   for (int r = 0; r < d->M; r++) {
     const uint8_t *buf = d->recv + (size_t)r * d->payload[p];
     for (int q = q0; q < q1; q++)
-      distro__outer_decode(d->opt.codec, buf + d->piece_byte[q], f->pieces[q].count, d->opt.codec_block,
-                           d->dec + d->piece_elem[q]);
-    float *acc = d->acc, *dec = d->dec;
-    const float c = coef[r];
-    if (r == 0) {
-#pragma omp parallel for schedule(static) if (e1 - e0 > PAR_MIN)
-      for (int64_t j = e0; j < e1; j++) acc[j] = c * dec[j];
-    } else {
-#pragma omp parallel for schedule(static) if (e1 - e0 > PAR_MIN)
-      for (int64_t j = e0; j < e1; j++) acc[j] += c * dec[j];
-    }
+      distro__outer_decode_axpy(d->opt.codec, buf + d->piece_byte[q], f->pieces[q].count, d->opt.codec_block, coef[r],
+                                d->acc + d->piece_elem[q], r == 0);
   }
 }
 
