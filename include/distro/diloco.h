@@ -138,7 +138,9 @@ DISTRO_API distro_status distro_diloco_flush(distro_diloco *d, distro_diloco_sta
  * the token/step counters restart. */
 DISTRO_API distro_status distro_diloco_sync_all(distro_diloco *d, distro_diloco_stats *stats);
 
-/* Copies the global copy of tensor `name` (numel floats) into `out`. */
+/* Copies the global copy of tensor `name` (numel floats) into `out` (before
+ * the first step: the parameters). Waits for an exchange in flight and
+ * reports its failure if it failed. */
 DISTRO_API distro_status distro_diloco_get_global(distro_diloco *d, const char *name, float *out, int64_t numel);
 
 /* Outer payload bytes of fragment p (header and checksum included), and the
