@@ -2,15 +2,20 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 /* The only mutable global state in the library: one message per thread. */
 static _Thread_local char last_error[512];
 
 distro_status distro__fail(distro_status s, const char *fmt, ...) {
+  /* Format into a local buffer first: callers may pass distro_last_error()
+   * itself as an argument, and vsnprintf must not read what it writes. */
+  char msg[sizeof last_error];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(last_error, msg, sizeof msg);
   return s;
 }
 
