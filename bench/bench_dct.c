@@ -214,7 +214,10 @@ int main(int argc, char **argv) {
   int best = -1;
   for (int m = 0; m < 3; m++)
     if (have[m] && (best < 0 || tot[m] < tot[best])) best = m;
-  printf("\nGB/s = 16 bytes per parameter (encode + decode each read and write one float) / time;\n"
+  double bw_end = memcpy_gbs((size_t)1 << 30);
+  printf("\nmemcpy again at the end: %.2f GB/s (well below the first figure means other work shared the machine)\n",
+         bw_end);
+  printf("GB/s = 16 bytes per parameter (encode + decode each read and write one float) / time;\n"
          "x floor = memcpy GB/s / that GB/s, the slowdown against a pure copy of the same bytes.\n");
   if (best >= 0) {
     printf("fastest overall (time per parameter summed over shapes): %s", method_name[best]);

@@ -41,7 +41,7 @@ static int bytes_table(const bench_model *m, int anchors) {
          mb(ring));
   printf("  %4s  %10s  %13s  %6s  %13s  %11s  %11s\n", "topk", "kept", "ref format", "values", "this library",
          "less than", "less than");
-  printf("  %4s  %10s  %13s  %6s  %13s  %11s  %11s\n", "", "coefs", "12B/coef, MB", "", "MB/rank/step",
+  printf("  %4s  %10s  %13s  %6s  %13s  %11s  %11s\n", "", "coefs", "12B/coef, MB", "", "MB, at most",
          "all-reduce", "ref format");
   for (int i = 0; i < 4; i++) {
     distro_options o = distro_options_default(DISTRO_ALG_DEMO);
@@ -332,7 +332,9 @@ static int local_run(void) {
 int main(void) {
   printf("distro %s demo\n\n", distro_version_string());
   printf("== Bytes per rank per step ==\n");
-  printf("DeMo payload from distro_payload_bytes (chunk 64, wire format with headers);\n");
+  printf("this library = distro_payload_bytes (chunk 64, headers included). The default wire v2\n");
+  printf("entropy-codes indices, so its real size depends on the data and this is its upper bound\n");
+  printf("(about the fixed v1 size); `distro-bench bytes` measures encoded sizes.\n");
   printf("ref format = DeMo reference: int64 index + f32 value = 12 B per kept coefficient,\n");
   printf("counted here from the shapes; all-reduce = dense fp32 ring all-reduce at W=%d.\n", WORLD_REF);
   bench_model gpt2, llama;
