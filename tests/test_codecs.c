@@ -554,7 +554,7 @@ Test(codecs, choose_smallest_uniform_selections) {
   choose_is_smallest(SEL_EDGES, seed + 1);
 }
 
-/* KNOWN BUG (reported): distro__idx_choose only tries Rice parameters within
+/* Regression test (bug found by this suite, fixed): distro__idx_choose only tries Rice parameters within
  * +-2 of log2 of the *uniform* mean gap (src/compress/index_codec.c, the
  * `b0` window in distro__idx_choose), so selections clustered at the low
  * indices, as low-frequency DCT coefficients are, get a Rice parameter many
@@ -1198,7 +1198,7 @@ Test(codecs, values_int8_int4_error_bound) {
   check_int(DISTRO_VALUES_INT4, seed + 1);
 }
 
-/* KNOWN BUG (reported): distro__val_decode (src/compress/value_codec.c, the
+/* Regression test (bug found by this suite, fixed): distro__val_decode (src/compress/value_codec.c, the
  * INT8/INT4 branch) checks that each scale is finite but not that q * scale
  * is: scale 0x7f7f (the largest finite bf16) with q = 127 decodes to +Inf,
  * which then reaches the aggregate. A CRC-valid payload from a faulty or

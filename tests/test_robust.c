@@ -224,7 +224,7 @@ Test(robust, drop_invalid_peer_live_ranks_agree) {
   }
 }
 
-/* KNOWN BUG (reported): src/optim/payload.c, distro__payload_exchange. The
+/* Regression test (bug found by this suite, fixed): src/optim/payload.c, distro__payload_exchange. The
  * ranks do not agree on the set of dropped peers: a rank fails the step when
  * its *own* payload is invalid (`if (!o->opt.drop_invalid_peers || r ==
  * rank)`), so a faulty sender (all ranks receive the same damaged bytes)
@@ -249,7 +249,7 @@ Test(robust, drop_invalid_peer_faulty_sender_steps_alike) {
   cfg_free(&a);
 }
 
-/* KNOWN BUG (reported), same cause: damage in transit to the other ranks only.
+/* Regression test (bug found by this suite, fixed), same cause: damage in transit to the other ranks only.
  * Ranks 0 and 2 drop rank 1's payload, rank 1 applies its own undamaged copy,
  * and the replicas silently diverge (every step reports success). */
 Test(robust, drop_invalid_peer_damaged_in_transit_replicas_agree) {

@@ -927,7 +927,7 @@ Test(wire2, reject_malformed_index_sections, .init = one_thread) {
       const distro__tiling *t = &p.ts[i].t;
       const int64_t n = t->chunk_elems, k = t->k, ch = (int64_t)(tu_next(&r) % (uint64_t)t->nchunks);
       section s = sec[i];
-      const size_t cap = (size_t)count_of(t) * 64 + 256;
+      const size_t cap = (size_t)count_of(t) * 64 + (size_t)n / 4 + 256; /* room for one gap of n in unary */
       uint8_t *mut = calloc(1, cap);
       uint32_t *idx = malloc(sizeof(uint32_t) * (size_t)count_of(t));
       memcpy(idx, p.idx[i], sizeof(uint32_t) * (size_t)count_of(t));

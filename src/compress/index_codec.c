@@ -24,7 +24,9 @@ int distro__enum_table_init(distro__enum_table *t, int64_t n, int64_t k) {
   t->c = NULL;
   /* Only for k <= n/2, where every C(c, i) with c < n, i <= k is at most
    * C(n, k), and only while C(n, k) fits in 127 bits. */
-  if (k < 1 || 2 * k > n || n > 65536) return 0;
+  /* C(n, k) >= 2^k for k <= n/2, so k >= 127 never fits: check before
+   * allocating n*(k+1) entries. */
+  if (k < 1 || 2 * k > n || n > 65536 || k >= 127) return 0;
   const u128 limit = (u128)1 << 127;
   u128 *c = calloc((size_t)n * (size_t)(k + 1), sizeof *c);
   if (!c) return 0;
@@ -82,18 +84,29 @@ size_t distro__idx_choose(const uint32_t *idx, int64_t nchunks, int64_t k, int64
     best = (uint64_t)nchunks * (uint64_t)et->bits;
     *codec = DISTRO__IDX_ENUM;
   }
-  /* Rice: the best b is near log2 of the mean gap; try its neighbours. */
-  double mean_gap = (double)(n - k) / (double)(k + 1);
-  int b0 = 0;
-  while (b0 < 30 && (double)(1u << (b0 + 1)) <= mean_gap * 0.69) b0++;
-  for (int b = b0 > 2 ? b0 - 2 : 0; b <= b0 + 2 && b <= 30; b++) {
-    uint64_t bits = rice_bits(idx, nchunks, k, b);
+  /* Rice: every b, costed exactly from a histogram of the gaps (gaps are
+   * < n, and clustered low-frequency selections want a much smaller b than
+   * uniform ones, so no guess from the mean gap). */
+  const int maxb = n > 1 ? 64 - __builtin_clzll((unsigned long long)(n - 1)) : 0;
+  uint64_t *hist = n <= (1 << 20) ? calloc((size_t)n, sizeof *hist) : NULL;
+  for (int b = 0; b <= maxb && b <= 30; b++) {
+    uint64_t bits = 0;
+    if (hist) {
+      if (b == 0)
+        for (int64_t c = 0; c < nchunks; c++)
+          for (int64_t j = 0; j < k; j++) hist[gap(idx + c * k, j)]++;
+      for (int64_t g = 0; g < n; g++)
+        if (hist[g]) bits += hist[g] * ((uint64_t)(g >> b) + 1 + (uint64_t)b);
+    } else {
+      bits = rice_bits(idx, nchunks, k, b);
+    }
     if (bits < best) {
       best = bits;
       *codec = DISTRO__IDX_RICE;
       *param = b;
     }
   }
+  free(hist);
   return (size_t)((best + 7) / 8);
 }
 

@@ -20,7 +20,8 @@ static int chunk_max_exp(const float *v, int64_t k) {
 }
 
 /* Largest-scale quantizer: q = round(v / s) with s a bf16 rounded up so
- * that |q| <= qmax always holds. */
+ * that |q| <= qmax always holds, and small enough that qmax * s stays finite
+ * (values beyond that, near FLT_MAX, saturate). */
 static uint16_t quant_scale(const float *v, int64_t k, int qmax) {
   float amax = 0.0f;
   for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(v[j]));
@@ -28,6 +29,7 @@ static uint16_t quant_scale(const float *v, int64_t k, int qmax) {
   float s = amax / (float)qmax;
   uint16_t b = distro__bf16_from_float(s);
   while (distro__bf16_to_float(b) * (float)qmax < amax && (b & 0x7f80u) != 0x7f80u) b++; /* round up */
+  while (!isfinite(distro__bf16_to_float(b) * (float)qmax)) b--;
   return b;
 }
 
@@ -170,6 +172,7 @@ int distro__val_decode(distro_values v, int param, const uint8_t *in, size_t len
           if (q >= 1 << (bits - 1)) q -= 1 << bits; /* sign-extend */
           if (q < -qmax) return -1;              /* -128 / -8 are never written */
           val[c * k + j] = (float)q * s;
+          if (!isfinite(val[c * k + j])) return -1; /* a scale no encoder writes */
         }
       }
       if (r.error) return -1;

@@ -205,27 +205,61 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
    * that fails validation fails the step on every rank, or, with
    * drop_invalid_peers, is skipped by every rank alike. */
   for (int r = 0; r < world; r++) o->dropped[r] = 0;
-  int live = 0;
+  int abort_rank = -1;
+  uint32_t abort_tensor = 0;
   for (int r = 0; r < world; r++) {
     int aborted = 0;
     uint32_t why = 0, tensor = 0;
     distro_status dst = decode_one(o, r, &aborted, &why, &tensor);
     if (dst == DISTRO_OK && aborted) {
-      const char *name = tensor < (uint32_t)o->nparams ? o->params[tensor].name : "?";
-      DISTRO_FAIL(why == DISTRO_ERR_NONFINITE ? DISTRO_ERR_NONFINITE : DISTRO_ERR_COMM,
-                  "rank %d could not step: non-finite gradient in tensor '%s'; nothing was applied", r, name);
+      if (abort_rank < 0) {
+        abort_rank = r;
+        abort_tensor = tensor;
+      }
+      continue;
     }
     if (dst != DISTRO_OK) {
-      if (!o->opt.drop_invalid_peers || r == rank) {
+      if (!o->opt.drop_invalid_peers) {
         st = dst;
         goto fail;
       }
-      o->dropped[r] = 1;
-      s->peers_dropped++;
-      if (r < 64) s->peers_dropped_mask |= 1ULL << r;
+      o->dropped[r] = 1; /* our own payload too, when it did not survive */
+    }
+  }
+  if (o->opt.drop_invalid_peers) {
+    /* Receivers can disagree (a payload damaged on one link only): agree on
+     * the union of what anyone dropped, and on whether anyone must abort. */
+    const size_t rec = (size_t)world + 1;
+    uint8_t *mine = malloc(rec), *all = malloc(rec * (size_t)world);
+    if (!mine || !all) {
+      free(mine);
+      free(all);
+      DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+    }
+    mine[0] = abort_rank >= 0;
+    memcpy(mine + 1, o->dropped, (size_t)world);
+    distro_status ast = comm->ops->allgather(comm, mine, rec, all);
+    for (int q = 0; q < world && ast == DISTRO_OK; q++) {
+      if (all[q * rec] && abort_rank < 0) abort_rank = q; /* q saw an abort notice; report q */
+      for (int r = 0; r < world; r++) o->dropped[r] |= all[q * rec + 1 + (size_t)r];
+    }
+    free(mine);
+    free(all);
+    DISTRO_CHECK(ast);
+  }
+  if (abort_rank >= 0) {
+    const char *name = abort_tensor < (uint32_t)o->nparams ? o->params[abort_tensor].name : "?";
+    DISTRO_FAIL(DISTRO_ERR_NONFINITE, "rank %d could not step: non-finite gradient in tensor '%s'; nothing was applied",
+                abort_rank, name);
+  }
+  int live = 0;
+  for (int r = 0; r < world; r++) {
+    if (!o->dropped[r]) {
+      live++;
       continue;
     }
-    live++;
+    s->peers_dropped++;
+    if (r < 64) s->peers_dropped_mask |= 1ULL << r;
   }
   if (o->opt.clip_median_multiple > 0 && live > 1) {
     float **vals = malloc(sizeof(float *) * (size_t)world);
