@@ -1,6 +1,7 @@
 # distro: the two commands of the README and a few helpers.
 #
-#   make demo      install missing Debian packages, build, run the demo
+#   make demo      install missing Debian packages, build, run the demo (the GPT
+#                  trainer's --compare: AdamW all-reduce vs DisTrO on real text)
 #   make test      install missing Debian packages, build, run every test
 #   make bench     build and run the benchmarks in build/bench/
 #   make install PREFIX=/opt/distro
@@ -63,11 +64,12 @@ test: deps build
 	$(CTEST) --test-dir $(BUILD) --output-on-failure $(CTEST_FLAGS)
 
 demo: deps build
-	@if [ ! -x $(BUILD)/tools/distro-demo ]; then \
-	  echo "demo: $(BUILD)/tools/distro-demo was not built (is tools/ part of this checkout?)" >&2; \
+	@if [ ! -x $(BUILD)/python-free-examples/gpt/gpt-train ]; then \
+	  echo "demo: $(BUILD)/python-free-examples/gpt/gpt-train was not built (is python-free-examples/ part of this checkout?)" >&2; \
 	  exit 1; \
 	fi
-	$(BUILD)/tools/distro-demo
+	@mkdir -p $(BUILD)/demo
+	$(BUILD)/python-free-examples/gpt/gpt-train --compare --plot $(BUILD)/demo/compare.png --log $(BUILD)/demo/compare.csv
 
 bench: build
 	@found=0; \

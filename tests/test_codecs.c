@@ -554,7 +554,7 @@ Test(codecs, choose_smallest_uniform_selections) {
   choose_is_smallest(SEL_EDGES, seed + 1);
 }
 
-/* Regression test (bug found by this suite, fixed): distro__idx_choose only tries Rice parameters within
+/* Regression test (bug found by this suite, fixed): distro__idx_choose used to try only Rice parameters within
  * +-2 of log2 of the *uniform* mean gap (src/compress/index_codec.c, the
  * `b0` window in distro__idx_choose), so selections clustered at the low
  * indices, as low-frequency DCT coefficients are, get a Rice parameter many
@@ -1199,8 +1199,8 @@ Test(codecs, values_int8_int4_error_bound) {
 }
 
 /* Regression test (bug found by this suite, fixed): distro__val_decode (src/compress/value_codec.c, the
- * INT8/INT4 branch) checks that each scale is finite but not that q * scale
- * is: scale 0x7f7f (the largest finite bf16) with q = 127 decodes to +Inf,
+ * INT8/INT4 branch) used to check that each scale was finite but not that q * scale
+ * was: scale 0x7f7f (the largest finite bf16) with q = 127 decodes to +Inf,
  * which then reaches the aggregate. A CRC-valid payload from a faulty or
  * hostile peer can therefore inject Inf; the header promises "-1 when the
  * section is malformed (... a non-finite value or scale)". */

@@ -224,8 +224,8 @@ Test(robust, drop_invalid_peer_live_ranks_agree) {
   }
 }
 
-/* Regression test (bug found by this suite, fixed): src/optim/payload.c, distro__payload_exchange. The
- * ranks do not agree on the set of dropped peers: a rank fails the step when
+/* Regression test (bug found by this suite, fixed): src/optim/payload.c, distro__payload_exchange. Ranks used
+ * not to agree on the set of dropped peers: a rank fails the step when
  * its *own* payload is invalid (`if (!o->opt.drop_invalid_peers || r ==
  * rank)`), so a faulty sender (all ranks receive the same damaged bytes)
  * fails its step while the others complete theirs, falls a step behind and

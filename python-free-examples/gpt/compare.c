@@ -86,7 +86,9 @@ static int plot(const char *path, const train_config *base, const train_result *
   }
   fprintf(g, "set terminal pngcairo size 1400,560 font 'sans,10'\nset output ");
   gp_string(g, path);
-  fprintf(g, "\nset multiplot layout 1,2 title 'byte-level GPT on %s: %d layers, dim %d, context %d, %d ranks x batch %d, %d steps'\n",
+  fprintf(g,
+          "\nset multiplot layout 1,2 title "
+          "'byte-level GPT on %s: %d layers, dim %d, context %d, %d ranks x batch %d, %d steps'\n",
           base->data ? "your text" : "fortunes", base->model.layers, base->model.dim, base->model.context,
           res[0].world, base->batch, base->steps);
   fprintf(g, "set grid\nset key top right\nset xlabel 'step'\nset ylabel 'validation loss (nats per byte)'\n"
@@ -135,8 +137,9 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
     if (base->log_path) {
       /* run.csv -> run.adamw.csv, ... */
       const char *dot = strrchr(base->log_path, '.');
-      int stem = dot && !strchr(dot, '/') ? (int)(dot - base->log_path) : (int)strlen(base->log_path);
-      snprintf(logs[i], sizeof logs[i], "%.*s.%s%s", stem, base->log_path, v->name, dot && !strchr(dot, '/') ? dot : ".csv");
+      const int has_ext = dot && !strchr(dot, '/');
+      const int stem = has_ext ? (int)(dot - base->log_path) : (int)strlen(base->log_path);
+      snprintf(logs[i], sizeof logs[i], "%.*s.%s%s", stem, base->log_path, v->name, has_ext ? dot : ".csv");
       c->log_path = logs[i];
     }
     if (lead) {

@@ -51,6 +51,7 @@ static void usage(FILE *f) {
 "                      The all-reduce happens inside the optimizer step, so for every\n"
 "                      optimizer this is per rank, before averaging.\n"
 "  --wd X              decoupled weight decay (0)\n"
+"  --beta1 X, --beta2 X  AdamW moments (adamw, distro-adamw) (0.9, 0.95)\n"
 "  --topk N            DisTrO: coefficients kept per chunk\n"
 "  --chunk N           DisTrO: DCT chunk edge\n"
 "  --decay X           DisTrO: momentum decay\n"
@@ -159,11 +160,12 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--compare")) { compare = 1; continue; }
     if (!strcmp(a, "--checksum")) { c.print_checksum = 1; continue; }
     if (!strcmp(a, "--quiet")) { c.quiet = 1; continue; }
-    static const char *const valued[] = {"--data", "--layers", "--dim", "--heads", "--context", "--optim", "--lr",
-                                         "--lr-final", "--warmup", "--clip", "--wd", "--topk", "--chunk", "--decay",
-                                         "--values", "--steps", "--batch", "--seed", "--ranks", "--threads",
-                                         "--eval-every", "--eval-batches", "--print-every", "--log", "--save",
-                                         "--save-every", "--resume", "--stop-after", "--plot"};
+    static const char *const valued[] = {
+        "--data",   "--layers",     "--dim",        "--heads",       "--context", "--optim",      "--lr",
+        "--lr-final", "--warmup",   "--clip",       "--wd",          "--beta1",   "--beta2",      "--topk",
+        "--chunk",  "--decay",      "--values",     "--steps",       "--batch",   "--seed",       "--ranks",
+        "--threads", "--eval-every", "--eval-batches", "--print-every", "--log",   "--save",       "--save-every",
+        "--resume", "--stop-after", "--plot"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(a, valued[k]);
     if (!known) return bad("unknown option '%s'%s", a, "");
@@ -185,6 +187,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--warmup")) rc = parse_int(a, v, 0, &c.warmup);
     else if (!strcmp(a, "--clip")) rc = parse_float(a, v, 0, &c.clip);
     else if (!strcmp(a, "--wd")) { rc = parse_float(a, v, 0, &c.wd); ov.wd = 1; }
+    else if (!strcmp(a, "--beta1")) rc = parse_float(a, v, 0, &c.beta1);
+    else if (!strcmp(a, "--beta2")) rc = parse_float(a, v, 0, &c.beta2);
     else if (!strcmp(a, "--topk")) { rc = parse_int(a, v, 1, &c.topk); ov.topk = 1; }
     else if (!strcmp(a, "--chunk")) { rc = parse_int(a, v, 1, &c.chunk); ov.chunk = 1; }
     else if (!strcmp(a, "--decay")) { rc = parse_float(a, v, 0, &c.decay); ov.decay = 1; }
@@ -223,6 +227,7 @@ int main(int argc, char **argv) {
   const char *why = gpt_config_problem(&c.model);
   if (*why) return bad("model: %s%s", why, "");
   if (c.decay >= 1) return bad("--decay must be < 1%s%s", "", "");
+  if (c.beta1 >= 1 || c.beta2 >= 1) return bad("--beta1 and --beta2 must be < 1%s%s", "", "");
   if (c.ranks > 256) return bad("--ranks must be <= 256%s%s", "", "");
   if (plot_path && !compare) return bad("--plot needs --compare%s%s", "", "");
   if (compare && (c.save_path || c.resume_path || c.stop_after))
