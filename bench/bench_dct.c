@@ -11,6 +11,8 @@
  * Traffic model: encode reads x and writes coef, decode reads coef and
  * writes x, so a pass that only moved the data would touch 16 bytes per
  * parameter; "floor" is that traffic at the measured memcpy bandwidth. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>

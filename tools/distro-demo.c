@@ -10,6 +10,8 @@
  *    comparing DeMo (sign; f32 values at top-k 32, and 1-bit values at top-k
  *    8 as Psyche runs it), DisTrO-AdamW and AdamW with a gradient all-reduce:
  *    held-out loss as it trains and bytes sent per rank. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
