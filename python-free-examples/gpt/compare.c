@@ -11,11 +11,11 @@
 /* The rows of the comparison, each with its tuned settings (README.md,
  * "Tuning"). The all-reduce baseline first: the others are measured against it. */
 static const variant VARIANTS[] = {
-    /* name            optimizer             lr      chunk topk decay   values */
-    {"adamw",          GPT_OPT_ADAMW,        4e-3f,  0,    0,   0.0f,   DISTRO_VALUES_F32},
-    {"distro",         GPT_OPT_DISTRO,       2.5e-3f, 32,  32,  0.999f, DISTRO_VALUES_SIGN1},
-    {"distro-adamw",   GPT_OPT_DISTRO_ADAMW, 1e-3f,  64,   32,  0.5f,   DISTRO_VALUES_F32},
-    {"distro-ref",     GPT_OPT_DISTRO,       2e-3f,  64,   32,  0.999f, DISTRO_VALUES_F32},
+    /* name          optimizer             lr       warmup chunk topk decay   values */
+    {"adamw",        GPT_OPT_ADAMW,        4e-3f,   0.05f, 0,    0,   0.0f,   DISTRO_VALUES_F32},
+    {"distro",       GPT_OPT_DISTRO,       4e-3f,   0.15f, 32,   32,  0.999f, DISTRO_VALUES_SIGN1},
+    {"distro-adamw", GPT_OPT_DISTRO_ADAMW, 1e-3f,   0.05f, 64,   32,  0.5f,   DISTRO_VALUES_F32},
+    {"distro-ref",   GPT_OPT_DISTRO,       2e-3f,   0.05f, 64,   32,  0.999f, DISTRO_VALUES_F32},
 };
 #define NVAR ((int)(sizeof VARIANTS / sizeof *VARIANTS))
 
@@ -28,6 +28,7 @@ const variant *tuned_variant(gpt_optim_kind k) {
 void apply_variant(train_config *c, const variant *v, const compare_overrides *ov) {
   c->optim = v->optim;
   if (!ov->lr) c->lr = v->lr;
+  if (!ov->warmup) c->warmup = (int)(v->warmup * (float)c->steps + 0.5f);
   if (v->optim == GPT_OPT_ADAMW) return;
   if (!ov->chunk) c->chunk = v->chunk;
   if (!ov->topk) c->topk = v->topk;

@@ -8,7 +8,7 @@
 /* Which settings the user fixed on the command line (they then apply to
  * every variant); the others come from each variant's tuned defaults. */
 typedef struct {
-  int lr, topk, chunk, decay, values, wd;
+  int lr, warmup, topk, chunk, decay, values, wd;
 } compare_overrides;
 
 /* Runs every variant with `base` (steps, batch, model, seed, ...). Rank 0
@@ -22,6 +22,7 @@ typedef struct {
   const char *name;
   gpt_optim_kind optim;
   float lr;
+  float warmup; /* fraction of the steps */
   int chunk, topk;
   float decay;
   distro_values values;

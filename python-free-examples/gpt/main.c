@@ -20,8 +20,8 @@ static void usage(FILE *f) {
   static const char *names[] = {"adamw", "distro", "distro-adamw"};
   for (int k = 0; k < 3; k++) {
     const variant *v = tuned_variant((gpt_optim_kind)k);
-    n += (size_t)snprintf(defaults + n, sizeof defaults - n, "                        %-13s lr %g", names[k],
-                          (double)v->lr);
+    n += (size_t)snprintf(defaults + n, sizeof defaults - n, "                        %-13s lr %g, warm-up %g%%",
+                          names[k], (double)v->lr, 100.0 * v->warmup);
     if (v->optim != GPT_OPT_ADAMW)
       n += (size_t)snprintf(defaults + n, sizeof defaults - n, ", chunk %d, topk %d, decay %g, %s values", v->chunk,
                             v->topk, (double)v->decay, values_name(v->values));
@@ -46,7 +46,7 @@ static void usage(FILE *f) {
 "                      or distro-adamw (DisTrO exchange feeding AdamW); default distro\n"
 "  --lr X              peak learning rate (default: the optimizer's, below)\n"
 "  --lr-final F        final lr as a fraction of the peak (0.1)\n"
-"  --warmup N          linear warm-up steps (default steps/20)\n"
+"  --warmup N          linear warm-up steps (default: the optimizer's fraction of the steps)\n"
 "  --clip X            clip each rank's local gradient to global L2 norm X (1.0; 0: off).\n"
 "                      The all-reduce happens inside the optimizer step, so for every\n"
 "                      optimizer this is per rank, before averaging.\n"
@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
   c.model = (gpt_config){.context = 128, .layers = 4, .dim = 128, .heads = 4, .tied = 1};
   c.steps = 300;
   c.batch = 8;
-  c.warmup = -1; /* steps / 20 */
+  c.warmup = -1; /* the optimizer's fraction of the steps (apply_variant) */
   c.lr = NAN;
   c.lr_final = 0.1f;
   c.clip = 1.0f;
@@ -184,7 +184,7 @@ int main(int argc, char **argv) {
       else return bad("--optim: '%s' is not one of adamw, distro, distro-adamw%s", v, "");
     } else if (!strcmp(a, "--lr")) { rc = parse_float(a, v, 0, &c.lr); ov.lr = 1; }
     else if (!strcmp(a, "--lr-final")) rc = parse_float(a, v, 0, &c.lr_final);
-    else if (!strcmp(a, "--warmup")) rc = parse_int(a, v, 0, &c.warmup);
+    else if (!strcmp(a, "--warmup")) { rc = parse_int(a, v, 0, &c.warmup); ov.warmup = 1; }
     else if (!strcmp(a, "--clip")) rc = parse_float(a, v, 0, &c.clip);
     else if (!strcmp(a, "--wd")) { rc = parse_float(a, v, 0, &c.wd); ov.wd = 1; }
     else if (!strcmp(a, "--beta1")) rc = parse_float(a, v, 0, &c.beta1);
@@ -235,7 +235,6 @@ int main(int argc, char **argv) {
   if (c.stop_after && !c.save_path)
     return bad("--stop-after needs --save (where to continue from)%s%s", "", "");
   if (!compare) apply_variant(&c, tuned_variant(c.optim), &ov);
-  if (c.warmup < 0) c.warmup = c.steps / 20;
   if (c.warmup > c.steps) return bad("--warmup must be <= --steps%s%s", "", "");
   if (c.optim == GPT_OPT_ADAMW && !compare && (ov.topk || ov.chunk || ov.decay || ov.values))
     return bad("--topk, --chunk, --decay and --values are DisTrO settings; --optim adamw takes none%s%s", "", "");

@@ -210,9 +210,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   const int stop = c->stop_after > 0 && c->stop_after < c->steps ? c->stop_after : c->steps;
   const size_t eval_count = (size_t)c->eval_batches * (size_t)B;
   const double tokens_per_step = (double)world * B * T;
-  uint64_t tot_sent = 0, tot_recv = 0;     /* all ranks (every rank sends as much as rank 0, up to
-                                              the data-dependent entropy coding of wire v2) */
-  uint64_t my_sent = 0, my_recv = 0;       /* this rank */
+  uint64_t tot_sent = 0, tot_recv = 0; /* all ranks */
+  uint64_t my_sent = 0, my_recv = 0;   /* this rank */
   double t_begin = gpt_now(), step_sum = 0, optim_sum = 0, exch_sum = 0;
   double iv_tokens = 0, iv_time = 0;
   float loss_mean = NAN;
@@ -222,6 +221,13 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     res->nparams = m.nparams;
   }
 
+  if (start == 0 && c->eval_every > 0) { /* the starting point of the validation curve */
+    const double v0 = evaluate(&m, x->data, comm, eval_count, inp, tgt);
+    if (lead) {
+      res->eval_step[res->nevals] = 0;
+      res->eval_loss[res->nevals++] = v0;
+    }
+  }
   for (int step = (int)start; step < stop; step++) {
     const double t0 = gpt_now();
     corpus_sample(x->data, lo, hi, &rng, B, T, inp, tgt);
@@ -247,16 +253,18 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     iv_time += dt;
 
     /* The loss and gradient norm averaged over ranks, and this step's bytes
-     * summed over ranks (payload sizes vary with the data), for the log. */
-    float red[4] = {loss, gnorm, (float)st.bytes_sent, (float)st.bytes_received};
-    if (distro_comm_allreduce_sum(comm, red, 4) != DISTRO_OK) {
+     * summed over ranks (payload sizes vary with the data), for the log.
+     * Byte counts travel as 16-bit halves so the float sums stay exact. */
+    float red[6] = {loss, gnorm, (float)(st.bytes_sent >> 16), (float)(st.bytes_sent & 0xffff),
+                    (float)(st.bytes_received >> 16), (float)(st.bytes_received & 0xffff)};
+    if (distro_comm_allreduce_sum(comm, red, 6) != DISTRO_OK) {
       FAIL("all-reduce of the loss failed: %s", distro_last_error());
       who = 0;
       goto done;
     }
     loss_mean = red[0] / (float)world;
-    tot_sent += (uint64_t)red[2];
-    tot_recv += (uint64_t)red[3];
+    tot_sent += ((uint64_t)red[2] << 16) + (uint64_t)red[3];
+    tot_recv += ((uint64_t)red[4] << 16) + (uint64_t)red[5];
     const int done_steps = step + 1;
     double val = NAN;
     if ((c->eval_every > 0 && done_steps % c->eval_every == 0) || done_steps == stop) {
