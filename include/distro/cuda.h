@@ -1,0 +1,71 @@
+/* distro: CUDA backend (only in builds with DISTRO_WITH_CUDA; not included by
+ * <distro/distro.h> because it needs the CUDA and NCCL headers).
+ *
+ * The DeMo step on device pointers: DCT (cuBLAS), momentum, per-chunk top-k,
+ * aggregation and the update run on the caller's stream; the selected
+ * coefficients cross to the host once per step, are encoded by the same wire
+ * code as the CPU optimizer (v1 or v2), exchanged through any distro_comm,
+ * validated and decoded on the host, and the decoded selections go back to
+ * the device. GPU and CPU ranks can therefore share one job. */
+#ifndef DISTRO_CUDA_H
+#define DISTRO_CUDA_H
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+#include <distro/comm.h>
+#include <distro/optim.h>
+#include <distro/status.h>
+#ifdef DISTRO_WITH_NCCL
+#include <nccl.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct distro_cuda_optim distro_cuda_optim;
+
+/* Same options and errors as distro_optim_create; DISTRO_ALG_DEMO only
+ * (DISTRO_ERR_UNSUPPORTED otherwise). Works on the current CUDA device and
+ * on `stream` (0: the legacy default stream). `comm` is borrowed. */
+DISTRO_API distro_status distro_cuda_optim_create(const distro_options *o, distro_comm *comm, cudaStream_t stream,
+                                                  distro_cuda_optim **out);
+
+/* As distro_optim_add_param, with device pointers (fp32). */
+DISTRO_API distro_status distro_cuda_optim_add_param(distro_cuda_optim *o, const char *name, float *param,
+                                                     const float *grad, int ndim, const int64_t *shape);
+
+/* bf16 parameters with an fp32 master copy: the step updates `master` and
+ * then writes it, rounded to nearest even, to `param_bf16` (device
+ * __nv_bfloat16 / uint16 words). */
+DISTRO_API distro_status distro_cuda_optim_add_param_bf16(distro_cuda_optim *o, const char *name, void *param_bf16,
+                                                          float *master, const float *grad, int ndim,
+                                                          const int64_t *shape);
+
+/* One collective step, ordered on the optimizer's stream after whatever the
+ * caller queued there (the gradients). It waits for the stream once, for the
+ * exchange; the update is queued and may still run when the call returns
+ * (it has finished when `stats` is given). On failure nothing changed. */
+DISTRO_API distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step_stats *stats);
+
+DISTRO_API void distro_cuda_optim_free(distro_cuda_optim *o); /* accepts NULL */
+
+#ifdef DISTRO_WITH_NCCL
+/* Communicator over an NCCL communicator (borrowed) and a stream. Host
+ * buffers are staged through device memory; device buffers go straight to
+ * NCCL. all-gather is ncclAllGather; the sum is ncclAllReduce, whose result
+ * is the same on every rank (not the CPU comms' rank order). */
+DISTRO_API distro_status distro_comm_nccl(ncclComm_t nccl, cudaStream_t stream, distro_comm **out);
+
+#ifdef MPI_VERSION
+/* Include <mpi.h> first. Collective over `mpi`: rank 0 creates the NCCL
+ * unique id, MPI_Bcast shares it, every rank joins on its current device.
+ * The NCCL communicator is owned by the returned comm. Builds with MPI only. */
+DISTRO_API distro_status distro_comm_nccl_mpi(MPI_Comm mpi, cudaStream_t stream, distro_comm **out);
+#endif
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

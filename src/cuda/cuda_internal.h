@@ -1,0 +1,88 @@
+/* Internal: the CUDA backend's kernels (launchers callable from C) and its
+ * error helpers. Every launcher queues work on `s` and returns the launch
+ * status; none synchronizes. */
+#ifndef DISTRO_CUDA_INTERNAL_H
+#define DISTRO_CUDA_INTERNAL_H
+
+#include <stdint.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <distro/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/error.h"
+#include "compress/chunk.h"
+
+/* CUDA / cuBLAS failures become DISTRO_ERR_CUDA with the call named. */
+#define DISTRO_CUDA_TRY(call)                                                                         \
+  do {                                                                                                \
+    cudaError_t e_ = (call);                                                                          \
+    if (e_ != cudaSuccess) {                                                                          \
+      st = distro__fail(DISTRO_ERR_CUDA, "%s failed: %s", #call, cudaGetErrorString(e_));             \
+      goto fail;                                                                                      \
+    }                                                                                                 \
+  } while (0)
+#define DISTRO_CUBLAS_TRY(call)                                                                       \
+  do {                                                                                                \
+    cublasStatus_t b_ = (call);                                                                       \
+    if (b_ != CUBLAS_STATUS_SUCCESS) {                                                                \
+      st = distro__fail(DISTRO_ERR_CUDA, "%s failed: %s", #call, cublasGetStatusString(b_));          \
+      goto fail;                                                                                      \
+    }                                                                                                 \
+  } while (0)
+
+/* ---- chunked DCT (dct_gemm.cu) ------------------------------------------- */
+
+/* Device bases of one tiling: fh (h x h) and fw (w x w), row-major as
+ * distro__dct_basis. Borrowed from the optimizer's basis cache. */
+typedef struct distro__cuda_dct {
+  distro__tiling t;
+  const float *fh, *fw;
+} distro__cuda_dct;
+
+/* Uploads distro__dct_basis(n) into a new device buffer. */
+distro_status distro__cuda_basis(int64_t n, float **out);
+/* Checks that the tiling's GEMM sizes fit cuBLAS's int arguments. */
+distro_status distro__cuda_dct_check(const distro__tiling *t);
+/* coef = per-tile DCT(x); scratch holds rows*cols floats; no aliasing. */
+distro_status distro__cuda_dct_encode(cublasHandle_t h, cudaStream_t s, const distro__cuda_dct *p, const float *x,
+                                      float *coef, float *scratch);
+/* x = per-tile inverse DCT(coef). */
+distro_status distro__cuda_dct_decode(cublasHandle_t h, cudaStream_t s, const distro__cuda_dct *p, const float *coef,
+                                      float *x, float *scratch);
+
+/* ---- per-chunk top-k (topk.cu) ------------------------------------------- */
+
+/* As distro__topk_tiles followed by distro__topk_zero_selected: the k
+ * largest |coef| per chunk (ties to the lower index), indices ascending,
+ * their values; the selected entries of coef become 0. */
+cudaError_t distro__cuda_topk(cudaStream_t s, const distro__tiling *t, float *coef, uint32_t *idx, float *val);
+
+/* ---- element-wise and aggregation kernels (update.cu) -------------------- */
+
+/* flags[slot] = 1 if any x[0..n) is NaN or Inf (flags is not cleared). */
+cudaError_t distro__cuda_nonfinite(cudaStream_t s, const float *x, int64_t n, int *flags, int slot);
+/* next = decay*mom + scale*next, rounded as the C code does. */
+cudaError_t distro__cuda_momentum(cudaStream_t s, float *next, const float *mom, float decay, float scale, int64_t n);
+/* Dense coefficients of tensor t from every rank's decoded selection: per
+ * coefficient the mean over the ranks that selected it, summed in rank
+ * order; ranks with dropped[r] != 0 are skipped. `idx`/`val` point at rank
+ * 0's entries of this tensor, rank r's are `stride` further on. cnt: n ints. */
+cudaError_t distro__cuda_aggregate(cudaStream_t s, const distro__tiling *t, const uint32_t *idx, const float *val,
+                                   int64_t stride, const uint8_t *dropped, int world, float *coef, int *cnt);
+/* p = p*(1 - lr*wd) - lr*sign(q). */
+cudaError_t distro__cuda_sign_update(cudaStream_t s, float *p, const float *q, float lr, float shrink, int64_t n);
+/* distro__adamw_update on the device; c1, c2 are the bias corrections. */
+cudaError_t distro__cuda_adamw_update(cudaStream_t s, float *p, float *m, float *v, const float *q, int64_t n,
+                                      float q_scale, float b1, float b2, float eps, float lr, float shrink, float c1,
+                                      float c2);
+/* out = bf16(x), round to nearest even. */
+cudaError_t distro__cuda_to_bf16(cudaStream_t s, const float *x, uint16_t *out, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,379 @@
+/* The DeMo step on the GPU (include/distro/cuda.h).
+ *
+ * A CPU optimizer object (never stepped itself) holds the options, the tensor
+ * list and the payload machinery, so argument checks, the tensor-list
+ * agreement, the wire formats, validation, dropping and clipping are the CPU
+ * path's own code. The device holds the momentum (DCT domain), the
+ * selection and the update; per step the selection goes to the host (pinned)
+ * and every rank's decoded selection comes back. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <distro/cuda.h>
+
+#include "comm/comm_internal.h"
+#include "cuda/cuda_internal.h"
+#include "optim/optim_internal.h"
+
+typedef struct {
+  float *param;       /* fp32 parameters, or the master copy */
+  const float *grad;
+  uint16_t *bf16;     /* bf16 copy written after each update, or NULL */
+  float *mom, *mom_next, *m, *v;
+  distro__cuda_dct dct;
+} cuda_param;
+
+typedef struct {
+  int64_t n;
+  float *basis;
+} basis_entry;
+
+enum { EV_START, EV_FORWARD, EV_SELECTED, EV_UPLOADED, EV_DONE, EV_COUNT };
+
+struct distro_cuda_optim {
+  distro_optim *host;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  cuda_param *params;
+  int cap;
+  int ready;
+  basis_entry *bases;
+  int nbases;
+  uint32_t *d_sel_idx, *h_sel_idx; /* total_sel: this rank's selection */
+  float *d_sel_val, *h_sel_val;
+  uint32_t *d_dec_idx;             /* world x total_sel: decoded selections */
+  float *d_dec_val;
+  int dec_registered;              /* host dec arrays are page-locked */
+  uint8_t *d_dropped;
+  int *d_flags, *h_flags;          /* per tensor: non-finite gradient */
+  float *scratch_a, *scratch_b;    /* max_numel each */
+  int *counts;                     /* max_numel */
+  cudaEvent_t ev[EV_COUNT];
+  int have_events;
+};
+
+distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *comm, cudaStream_t stream,
+                                       distro_cuda_optim **out) {
+  distro_status st = DISTRO_OK;
+  distro_optim *host = NULL;
+  if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_create: out is NULL");
+  *out = NULL;
+  DISTRO_CHECK(distro_optim_create(opt, comm, &host));
+  if (opt->algorithm != DISTRO_ALG_DEMO)
+    DISTRO_FAIL(DISTRO_ERR_UNSUPPORTED, "distro_cuda_optim_create: only DISTRO_ALG_DEMO runs on the GPU");
+  distro_cuda_optim *o = calloc(1, sizeof *o);
+  if (!o) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_cuda_optim_create: out of memory");
+  o->host = host;
+  o->stream = stream;
+  *out = o;
+  return DISTRO_OK;
+fail:
+  distro_optim_free(host);
+  return st;
+}
+
+static distro_status add(distro_cuda_optim *o, const char *name, void *bf16, float *param, const float *grad, int ndim,
+                         const int64_t *shape) {
+  distro_status st = DISTRO_OK;
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_add_param: NULL argument");
+  if (o->cap == o->host->nparams) {
+    int cap = o->cap ? 2 * o->cap : 16;
+    cuda_param *p = realloc(o->params, sizeof *p * (size_t)cap);
+    if (!p) return distro__fail(DISTRO_ERR_NOMEM, "distro_cuda_optim_add_param: out of memory");
+    o->params = p;
+    o->cap = cap;
+  }
+  DISTRO_CHECK(distro_optim_add_param(o->host, name, param, grad, ndim, shape));
+  cuda_param *p = &o->params[o->host->nparams - 1];
+  memset(p, 0, sizeof *p);
+  p->param = param;
+  p->grad = grad;
+  p->bf16 = bf16;
+  return DISTRO_OK;
+fail:
+  return st;
+}
+
+distro_status distro_cuda_optim_add_param(distro_cuda_optim *o, const char *name, float *param, const float *grad,
+                                          int ndim, const int64_t *shape) {
+  return add(o, name, NULL, param, grad, ndim, shape);
+}
+
+distro_status distro_cuda_optim_add_param_bf16(distro_cuda_optim *o, const char *name, void *param_bf16, float *master,
+                                               const float *grad, int ndim, const int64_t *shape) {
+  if (!param_bf16) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_add_param_bf16: NULL argument");
+  return add(o, name, param_bf16, master, grad, ndim, shape);
+}
+
+/* ---- state ------------------------------------------------------------------ */
+
+static void free_device_state(distro_cuda_optim *o) {
+  distro_optim *h = o->host;
+  for (int i = 0; i < h->nparams; i++) {
+    cuda_param *p = &o->params[i];
+    cudaFree(p->mom);
+    cudaFree(p->mom_next);
+    cudaFree(p->m);
+    cudaFree(p->v);
+    p->mom = p->mom_next = p->m = p->v = NULL;
+    h->params[i].idx = NULL; /* they pointed into h_sel_idx / h_sel_val */
+    h->params[i].val = NULL;
+  }
+  for (int b = 0; b < o->nbases; b++) cudaFree(o->bases[b].basis);
+  free(o->bases);
+  o->bases = NULL;
+  o->nbases = 0;
+  if (o->dec_registered) {
+    cudaHostUnregister(h->dec_idx);
+    cudaHostUnregister(h->dec_val);
+    o->dec_registered = 0;
+  }
+  cudaFree(o->d_sel_idx);
+  cudaFree(o->d_sel_val);
+  cudaFreeHost(o->h_sel_idx);
+  cudaFreeHost(o->h_sel_val);
+  cudaFree(o->d_dec_idx);
+  cudaFree(o->d_dec_val);
+  cudaFree(o->d_dropped);
+  cudaFree(o->d_flags);
+  cudaFreeHost(o->h_flags);
+  cudaFree(o->scratch_a);
+  cudaFree(o->scratch_b);
+  cudaFree(o->counts);
+  o->d_sel_idx = o->h_sel_idx = o->d_dec_idx = NULL;
+  o->d_sel_val = o->h_sel_val = o->d_dec_val = o->scratch_a = o->scratch_b = NULL;
+  o->d_dropped = NULL;
+  o->d_flags = o->h_flags = o->counts = NULL;
+  if (o->have_events)
+    for (int e = 0; e < EV_COUNT; e++) cudaEventDestroy(o->ev[e]);
+  o->have_events = 0;
+  if (o->blas) cublasDestroy(o->blas);
+  o->blas = NULL;
+  distro__payload_destroy(h);
+  free(h->tilings);
+  h->tilings = NULL;
+}
+
+void distro_cuda_optim_free(distro_cuda_optim *o) {
+  if (!o) return;
+  free_device_state(o);
+  distro_optim_free(o->host);
+  free(o->params);
+  free(o);
+}
+
+static distro_status basis_for(distro_cuda_optim *o, int64_t n, const float **out) {
+  distro_status st = DISTRO_OK;
+  for (int b = 0; b < o->nbases; b++)
+    if (o->bases[b].n == n) {
+      *out = o->bases[b].basis;
+      return DISTRO_OK;
+    }
+  basis_entry *nb = realloc(o->bases, sizeof *nb * (size_t)(o->nbases + 1));
+  if (!nb) return distro__fail(DISTRO_ERR_NOMEM, "out of memory");
+  o->bases = nb;
+  DISTRO_CHECK(distro__cuda_basis(n, &nb[o->nbases].basis));
+  nb[o->nbases].n = n;
+  *out = nb[o->nbases++].basis;
+fail:
+  return st;
+}
+
+static distro_status zeroed(void **p, size_t bytes) {
+  distro_status st = DISTRO_OK;
+  DISTRO_CUDA_TRY(cudaMalloc(p, bytes ? bytes : 1));
+  DISTRO_CUDA_TRY(cudaMemset(*p, 0, bytes ? bytes : 1));
+fail:
+  return st;
+}
+
+static distro_status prepare(distro_cuda_optim *o) {
+  distro_status st = DISTRO_OK;
+  distro_optim *h = o->host;
+  if (o->ready) return DISTRO_OK;
+  if (h->nparams == 0) return distro__fail(DISTRO_ERR_INVALID, "no tensors registered (distro_cuda_optim_add_param)");
+  const int adam = distro__uses_adam(&h->opt), world = h->comm->size;
+  DISTRO_CUBLAS_TRY(cublasCreate(&o->blas));
+  DISTRO_CUBLAS_TRY(cublasSetStream(o->blas, o->stream));
+  DISTRO_CUBLAS_TRY(cublasSetMathMode(o->blas, CUBLAS_DEFAULT_MATH));
+  for (int e = 0; e < EV_COUNT; e++) {
+    DISTRO_CUDA_TRY(cudaEventCreate(&o->ev[e]));
+    o->have_events = e + 1 == EV_COUNT;
+  }
+  h->max_numel = h->total_numel = 0;
+  h->tilings = malloc(sizeof(distro__tiling) * (size_t)h->nparams);
+  if (!h->tilings) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < h->nparams; i++) {
+    distro__param *hp = &h->params[i];
+    cuda_param *p = &o->params[i];
+    const size_t bytes = sizeof(float) * (size_t)hp->numel;
+    h->tilings[i] = hp->tiling;
+    if (hp->numel > h->max_numel) h->max_numel = hp->numel;
+    h->total_numel += hp->numel;
+    DISTRO_CHECK(distro__cuda_dct_check(&hp->tiling));
+    p->dct.t = hp->tiling;
+    DISTRO_CHECK(basis_for(o, hp->tiling.h, &p->dct.fh));
+    DISTRO_CHECK(basis_for(o, hp->tiling.w, &p->dct.fw));
+    DISTRO_CHECK(zeroed((void **)&p->mom, bytes));
+    DISTRO_CHECK(zeroed((void **)&p->mom_next, bytes));
+    if (adam) {
+      DISTRO_CHECK(zeroed((void **)&p->m, bytes));
+      DISTRO_CHECK(zeroed((void **)&p->v, bytes));
+    }
+  }
+  DISTRO_CHECK(distro__payload_prepare(h));
+  const size_t sel = (size_t)h->total_sel, all = sel * (size_t)world;
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_sel_idx, sizeof(uint32_t) * (sel ? sel : 1)));
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_sel_val, sizeof(float) * (sel ? sel : 1)));
+  DISTRO_CUDA_TRY(cudaMallocHost((void **)&o->h_sel_idx, sizeof(uint32_t) * (sel ? sel : 1)));
+  DISTRO_CUDA_TRY(cudaMallocHost((void **)&o->h_sel_val, sizeof(float) * (sel ? sel : 1)));
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_dec_idx, sizeof(uint32_t) * (all ? all : 1)));
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_dec_val, sizeof(float) * (all ? all : 1)));
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_dropped, (size_t)world));
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_flags, sizeof(int) * (size_t)h->nparams));
+  DISTRO_CUDA_TRY(cudaMallocHost((void **)&o->h_flags, sizeof(int) * (size_t)h->nparams));
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->scratch_a, sizeof(float) * (size_t)h->max_numel));
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->scratch_b, sizeof(float) * (size_t)h->max_numel));
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->counts, sizeof(int) * (size_t)h->max_numel));
+  /* Page-locking the decoded arrays only speeds up their upload. */
+  if (all && cudaHostRegister(h->dec_idx, sizeof(uint32_t) * all, cudaHostRegisterDefault) == cudaSuccess) {
+    if (cudaHostRegister(h->dec_val, sizeof(float) * all, cudaHostRegisterDefault) == cudaSuccess)
+      o->dec_registered = 1;
+    else
+      cudaHostUnregister(h->dec_idx);
+  }
+  (void)cudaGetLastError(); /* a refused registration is not an error */
+  for (int i = 0; i < h->nparams; i++) {
+    h->params[i].idx = o->h_sel_idx + h->sel_off[i];
+    h->params[i].val = o->h_sel_val + h->sel_off[i];
+  }
+  h->ready = 1; /* freezes the tensor list */
+  o->ready = 1;
+  return DISTRO_OK;
+fail:
+  free_device_state(o);
+  return st;
+}
+
+/* ---- the step --------------------------------------------------------------- */
+
+static float elapsed(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) ms = 0;
+  return ms * 1e-3f;
+}
+
+static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats *s, int want_stats) {
+  distro_status st = DISTRO_OK;
+  distro_optim *h = o->host;
+  cudaStream_t S = o->stream;
+  const int sign_update = h->opt.update == DISTRO_UPDATE_SIGN, world = h->comm->size;
+  const float scale = sign_update ? lr : 1.0f, decay = h->opt.compression_decay;
+  const size_t sel = (size_t)h->total_sel;
+
+  /* 1. Non-finite check, forward DCT and momentum into the staged buffer. */
+  DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_START], S));
+  DISTRO_CUDA_TRY(cudaMemsetAsync(o->d_flags, 0, sizeof(int) * (size_t)h->nparams, S));
+  for (int i = 0; i < h->nparams; i++) {
+    cuda_param *p = &o->params[i];
+    const int64_t n = h->params[i].numel;
+    DISTRO_CUDA_TRY(distro__cuda_nonfinite(S, p->grad, n, o->d_flags, i));
+    DISTRO_CHECK(distro__cuda_dct_encode(o->blas, S, &p->dct, p->grad, p->mom_next, o->scratch_a));
+    DISTRO_CUDA_TRY(distro__cuda_momentum(S, p->mom_next, p->mom, decay, scale, n));
+  }
+  DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_FORWARD], S));
+  /* 2. Top-k per chunk; what is selected leaves the staged momentum. */
+  for (int i = 0; i < h->nparams; i++)
+    DISTRO_CUDA_TRY(distro__cuda_topk(S, &h->tilings[i], o->params[i].mom_next, o->d_sel_idx + h->sel_off[i],
+                                      o->d_sel_val + h->sel_off[i]));
+  DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_sel_idx, o->d_sel_idx, sizeof(uint32_t) * sel, cudaMemcpyDeviceToHost, S));
+  DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_sel_val, o->d_sel_val, sizeof(float) * sel, cudaMemcpyDeviceToHost, S));
+  DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_flags, o->d_flags, sizeof(int) * (size_t)h->nparams, cudaMemcpyDeviceToHost, S));
+  DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_SELECTED], S));
+  DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
+
+  /* 3. Encode, exchange, validate and decode: the CPU path's code. */
+  int bad = -1;
+  for (int i = 0; i < h->nparams && bad < 0; i++)
+    if (o->h_flags[i]) bad = i;
+  double t0 = distro__now();
+  size_t size = distro__payload_encode(h, bad);
+  s->seconds_topk += distro__now() - t0;
+  if (size == 0) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
+  DISTRO_CHECK(distro__payload_exchange(h, size, s));
+
+  /* 4. Commit: upload every rank's selection, aggregate in rank order,
+   * inverse DCT and update. The old momentum buffer holds the inverse. */
+  DISTRO_CUDA_TRY(cudaMemcpyAsync(o->d_dec_idx, h->dec_idx, sizeof(uint32_t) * sel * (size_t)world,
+                                  cudaMemcpyHostToDevice, S));
+  DISTRO_CUDA_TRY(cudaMemcpyAsync(o->d_dec_val, h->dec_val, sizeof(float) * sel * (size_t)world,
+                                  cudaMemcpyHostToDevice, S));
+  DISTRO_CUDA_TRY(cudaMemcpyAsync(o->d_dropped, h->dropped, (size_t)world, cudaMemcpyHostToDevice, S));
+  DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_UPLOADED], S));
+  const float shrink = 1.0f - lr * h->opt.weight_decay;
+  const int64_t t = h->step + 1;
+  const float c1 = (float)(1.0 - pow((double)h->opt.beta1, (double)t));
+  const float c2 = (float)(1.0 - pow((double)h->opt.beta2, (double)t));
+  for (int i = 0; i < h->nparams; i++) {
+    cuda_param *p = &o->params[i];
+    const int64_t n = h->params[i].numel;
+    float *q = p->mom;
+    p->mom = p->mom_next;
+    p->mom_next = q;
+    DISTRO_CUDA_TRY(distro__cuda_aggregate(S, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
+                                           o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
+                                           o->scratch_a, o->counts));
+    DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
+    if (sign_update)
+      DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, lr, shrink, n));
+    else
+      DISTRO_CUDA_TRY(distro__cuda_adamw_update(S, p->param, p->m, p->v, q, n, 1.0f, h->opt.beta1, h->opt.beta2,
+                                                h->opt.eps, lr, shrink, c1, c2));
+    if (p->bf16) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, n));
+  }
+  DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_DONE], S));
+  if (want_stats) {
+    DISTRO_CUDA_TRY(cudaEventSynchronize(o->ev[EV_DONE]));
+    s->seconds_transform += elapsed(o->ev[EV_START], o->ev[EV_FORWARD]);
+    s->seconds_topk += elapsed(o->ev[EV_FORWARD], o->ev[EV_SELECTED]);
+    s->seconds_decode += elapsed(o->ev[EV_UPLOADED], o->ev[EV_DONE]); /* the inverse DCT counts here */
+  }
+  return DISTRO_OK;
+fail:
+  return st;
+}
+
+distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step_stats *stats) {
+  distro_status st;
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_step: optimizer is NULL");
+  if (!(isfinite(lr) && lr >= 0))
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_step: lr %g must be finite and >= 0", (double)lr);
+  distro_optim *h = o->host;
+  double t0 = distro__now();
+  distro_step_stats s;
+  memset(&s, 0, sizeof s);
+  /* As the CPU step: a local preparation failure reaches the other ranks
+   * through the first step's signature round. */
+  st = prepare(o);
+  if (!h->verified) {
+    char why[512] = "";
+    if (st != DISTRO_OK) snprintf(why, sizeof why, "%s", distro_last_error());
+    distro_status vst = distro__optim_verify(h, st == DISTRO_OK);
+    if (st != DISTRO_OK) return distro__fail(st, "%s", why);
+    if (vst != DISTRO_OK) return vst;
+  } else if (st != DISTRO_OK) {
+    return st;
+  }
+  st = demo_step(o, lr, &s, stats != NULL);
+  if (st != DISTRO_OK) return st;
+  h->step++;
+  s.step = h->step;
+  s.seconds_total = distro__now() - t0;
+  if (stats) *stats = s;
+  return DISTRO_OK;
+}

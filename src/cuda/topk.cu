@@ -1,0 +1,134 @@
+// Per-chunk top-k by magnitude, one thread block per chunk.
+//
+// The selection equals src/compress/topk.c's: the k largest (|x|, lower
+// index first) keys. A 4-pass 8-bit radix select on the magnitude bits finds
+// the k-th largest magnitude T; everything above T is in, and of the entries
+// equal to T the lowest indices fill the rest. A block scan in index order
+// then writes the selection with indices ascending and zeroes it in coef.
+// Integer shared-memory atomics only (histograms), so results are exact.
+#include <cstdint>
+
+#include "cuda/cuda_internal.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int64_t kSmemElems = 8192;  // 32 KiB of magnitudes (under the 48 KiB default)
+
+struct Tile {
+  int64_t cols, r0, c0;
+  int w;
+  __device__ int64_t at(int e) const { return (r0 + e / w) * cols + c0 + e % w; }
+};
+
+__device__ __forceinline__ uint32_t mag_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+
+// Exclusive prefix sum over the block; *total gets the block's sum.
+__device__ int block_scan(int x, int *total, int *warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int v = x;
+  for (int d = 1; d < 32; d <<= 1) {
+    int y = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += y;
+  }
+  if (lane == 31) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int s = lane < kWarps ? warp_sums[lane] : 0;
+    for (int d = 1; d < 32; d <<= 1) {
+      int y = __shfl_up_sync(0xffffffffu, s, d);
+      if (lane >= d) s += y;
+    }
+    if (lane < kWarps) warp_sums[lane] = s;  // inclusive
+  }
+  __syncthreads();
+  const int before = warp ? warp_sums[warp - 1] : 0;
+  *total = warp_sums[kWarps - 1];
+  __syncthreads();  // warp_sums is reused by the next call
+  return before + v - x;
+}
+
+__global__ void __launch_bounds__(kThreads) topk_kernel(float *coef, int64_t cols, int h, int w, int64_t tiles_c,
+                                                        int n, int k, int cache, uint32_t *out_idx, float *out_val) {
+  extern __shared__ uint32_t smag[];
+  __shared__ int hist[256];
+  __shared__ int warp_sums[kWarps];
+  __shared__ uint32_t s_prefix;
+  __shared__ int s_need;
+  const int64_t c = blockIdx.x;
+  const Tile tile{cols, (c / tiles_c) * h, (c % tiles_c) * w, w};
+  uint32_t *oi = out_idx + c * k;
+  float *ov = out_val + c * k;
+
+  if (k >= n) {  // everything is sent
+    for (int e = threadIdx.x; e < n; e += kThreads) {
+      const int64_t a = tile.at(e);
+      oi[e] = (uint32_t)e;
+      ov[e] = coef[a];
+      coef[a] = 0.0f;
+    }
+    return;
+  }
+  if (cache) {
+    for (int e = threadIdx.x; e < n; e += kThreads) smag[e] = mag_bits(coef[tile.at(e)]);
+  }
+  // Radix select of the k-th largest magnitude, most significant byte first.
+  uint32_t prefix = 0, mask = 0;
+  int need = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += kThreads) hist[b] = 0;
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += kThreads) {
+      const uint32_t m = cache ? smag[e] : mag_bits(coef[tile.at(e)]);
+      if ((m & mask) == prefix) atomicAdd(&hist[(m >> shift) & 0xffu], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int above = 0, b = 255;
+      for (; b > 0; b--) {
+        if (above + hist[b] >= need) break;
+        above += hist[b];
+      }
+      s_prefix = prefix | ((uint32_t)b << shift);
+      s_need = need - above;
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    need = s_need;
+    mask |= 0xffu << shift;
+    __syncthreads();
+  }
+  // prefix is T; `need` entries equal to T are taken, lowest index first.
+  int eq_before = 0, out_before = 0;
+  for (int base = 0; base < n; base += kThreads) {
+    const int e = base + threadIdx.x;
+    uint32_t m = 0;
+    if (e < n) m = cache ? smag[e] : mag_bits(coef[tile.at(e)]);
+    const int is_eq = e < n && m == prefix, is_gt = e < n && m > prefix;
+    int eq_total, sel_total;
+    const int eq_rank = block_scan(is_eq, &eq_total, warp_sums);
+    const int sel = is_gt || (is_eq && eq_before + eq_rank < need);
+    const int pos = block_scan(sel, &sel_total, warp_sums);
+    if (sel) {
+      const int64_t a = tile.at(e);
+      oi[out_before + pos] = (uint32_t)e;
+      ov[out_before + pos] = coef[a];
+      coef[a] = 0.0f;
+    }
+    eq_before += eq_total;
+    out_before += sel_total;
+  }
+}
+
+}  // namespace
+
+extern "C" cudaError_t distro__cuda_topk(cudaStream_t s, const distro__tiling *t, float *coef, uint32_t *idx,
+                                         float *val) {
+  if (t->nchunks == 0) return cudaSuccess;
+  const int cache = t->chunk_elems <= kSmemElems && t->k < t->chunk_elems;
+  const size_t smem = cache ? sizeof(uint32_t) * (size_t)t->chunk_elems : 0;
+  topk_kernel<<<(unsigned)t->nchunks, kThreads, smem, s>>>(coef, t->cols, (int)t->h, (int)t->w, t->tiles_c,
+                                                           (int)t->chunk_elems, (int)t->k, cache, idx, val);
+  return cudaGetLastError();
+}

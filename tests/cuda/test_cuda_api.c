@@ -1,0 +1,104 @@
+/* Bad inputs to the CUDA optimizer and the NCCL comm get the CPU optimizer's
+ * errors. None of these calls reaches the GPU, so this test runs everywhere. */
+#include <math.h>
+#include <string.h>
+
+#include <distro/cuda.h>
+#include <distro/distro.h>
+
+#include "cuda_test.h"
+
+static distro_status cpu_create(const distro_options *o, distro_comm *c) {
+  distro_optim *x = NULL;
+  distro_status st = distro_optim_create(o, c, &x);
+  distro_optim_free(x);
+  return st;
+}
+
+static distro_status gpu_create(const distro_options *o, distro_comm *c) {
+  distro_cuda_optim *x = NULL;
+  distro_status st = distro_cuda_optim_create(o, c, 0, &x);
+  distro_cuda_optim_free(x);
+  return st;
+}
+
+int main(void) {
+  distro_comm *comm = NULL;
+  distro_comm_local_group(1, &comm);
+  distro_options ok = distro_options_default(DISTRO_ALG_DEMO);
+
+  /* create */
+  distro_cuda_optim *o = (distro_cuda_optim *)&ok;
+  CT_CHECK(distro_cuda_optim_create(&ok, comm, 0, NULL) == DISTRO_ERR_INVALID, "NULL out");
+  CT_CHECK(distro_cuda_optim_create(NULL, comm, 0, &o) == DISTRO_ERR_INVALID && o == NULL, "NULL options");
+  CT_CHECK(gpu_create(&ok, NULL) == cpu_create(&ok, NULL), "NULL comm");
+  distro_options bad[6];
+  for (int i = 0; i < 6; i++) bad[i] = ok;
+  bad[0].version = 99;
+  bad[1].topk = 0;
+  bad[2].chunk = 0;
+  bad[3].compression_decay = 1.0f;
+  bad[4].values = DISTRO_VALUES_INT8;
+  bad[4].wire_version = 1;
+  bad[5].lr = NAN;
+  for (int i = 0; i < 6; i++) {
+    distro_status c = cpu_create(&bad[i], comm);
+    char cmsg[512];
+    snprintf(cmsg, sizeof cmsg, "%s", distro_last_error());
+    distro_status g = gpu_create(&bad[i], comm);
+    CT_CHECK(c != DISTRO_OK && g == c, "bad options #%d: cpu %d gpu %d", i, (int)c, (int)g);
+    CT_CHECK(strcmp(cmsg, distro_last_error()) == 0, "bad options #%d: '%s' vs '%s'", i, cmsg, distro_last_error());
+  }
+  distro_options adam = distro_options_default(DISTRO_ALG_ADAMW);
+  CT_CHECK(gpu_create(&adam, comm) == DISTRO_ERR_UNSUPPORTED, "AdamW baseline is not on the GPU");
+
+  /* add_param: same checks as the CPU optimizer, with dummy pointers (never
+   * dereferenced before the first step) */
+  distro_optim *cpu = NULL;
+  distro_cuda_optim *gpu = NULL;
+  CT_CHECK(distro_optim_create(&ok, comm, &cpu) == DISTRO_OK, "cpu create");
+  CT_CHECK(distro_cuda_optim_create(&ok, comm, 0, &gpu) == DISTRO_OK, "gpu create");
+  float dummy[4];
+  int64_t shape[3] = {4, 0, 3}, good[2] = {2, 2};
+  struct {
+    const char *name;
+    float *p;
+    int ndim;
+    const int64_t *shape;
+  } cases[] = {
+      {NULL, dummy, 2, good}, {"a", NULL, 2, good}, {"a", dummy, 0, good}, {"a", dummy, 9, good},
+      {"a", dummy, 3, shape}, {"", dummy, 2, good}, {"a", dummy, 2, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    distro_status c = distro_optim_add_param(cpu, cases[i].name, cases[i].p, dummy, cases[i].ndim, cases[i].shape);
+    distro_status g = distro_cuda_optim_add_param(gpu, cases[i].name, cases[i].p, dummy, cases[i].ndim, cases[i].shape);
+    CT_CHECK(c != DISTRO_OK && c == g, "add_param case %zu: cpu %d gpu %d", i, (int)c, (int)g);
+  }
+  CT_CHECK(distro_cuda_optim_add_param(NULL, "a", dummy, dummy, 2, good) == DISTRO_ERR_INVALID, "NULL optimizer");
+  CT_CHECK(distro_cuda_optim_add_param_bf16(gpu, "a", NULL, dummy, dummy, 2, good) == DISTRO_ERR_INVALID, "NULL bf16");
+  CT_CHECK(distro_cuda_optim_add_param(gpu, "a", dummy, dummy, 2, good) == DISTRO_OK, "first add");
+  CT_CHECK(distro_optim_add_param(cpu, "a", dummy, dummy, 2, good) == DISTRO_OK, "first add (cpu)");
+  distro_status c = distro_optim_add_param(cpu, "a", dummy, dummy, 2, good);
+  distro_status g = distro_cuda_optim_add_param(gpu, "a", dummy, dummy, 2, good);
+  CT_CHECK(c == DISTRO_ERR_INVALID && g == c, "duplicate name: cpu %d gpu %d", (int)c, (int)g);
+
+  /* step */
+  CT_CHECK(distro_cuda_optim_step(NULL, 0.1f, NULL) == DISTRO_ERR_INVALID, "NULL optimizer");
+  CT_CHECK(distro_cuda_optim_step(gpu, NAN, NULL) == DISTRO_ERR_INVALID, "NaN lr");
+  CT_CHECK(distro_cuda_optim_step(gpu, -1.0f, NULL) == DISTRO_ERR_INVALID, "negative lr");
+  distro_cuda_optim *empty = NULL;
+  CT_CHECK(distro_cuda_optim_create(&ok, comm, 0, &empty) == DISTRO_OK, "create");
+  CT_CHECK(distro_cuda_optim_step(empty, 0.1f, NULL) == DISTRO_ERR_INVALID, "no tensors");
+  distro_cuda_optim_free(empty);
+  distro_cuda_optim_free(gpu);
+  distro_cuda_optim_free(NULL);
+  distro_optim_free(cpu);
+
+#ifdef DISTRO_WITH_NCCL
+  distro_comm *nc = (distro_comm *)&ok;
+  CT_CHECK(distro_comm_nccl(NULL, 0, &nc) == DISTRO_ERR_INVALID && nc == NULL, "NULL nccl comm");
+  CT_CHECK(distro_comm_nccl(NULL, 0, NULL) == DISTRO_ERR_INVALID, "NULL out");
+#endif
+  distro_comm_free(comm);
+  return ct_finish("test_cuda_api");
+}
