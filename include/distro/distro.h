@@ -6,5 +6,6 @@
 #include <distro/comm.h>
 #include <distro/optim.h>
 #include <distro/diloco.h>
+#include <distro/sync.h>
 
 #endif

@@ -1,0 +1,216 @@
+/* distro: Decoupled DiLoCo runtime (ALGORITHMS.md section 4, docs/protocol.md).
+ *
+ * A syncer service holds the global copy of every parameter fragment and
+ * the outer optimizer state. Learners train on their own and never wait for
+ * each other or for the syncer: a background thread uploads outer gradients
+ * and downloads merged fragments over ZeroMQ (ROUTER on the syncer, DEALER on
+ * the learners). Per fragment the syncer asks every live learner for its
+ * outer gradient, waits for a quorum of K reports, spends an adaptive grace
+ * window admitting stragglers, merges (token weighting, radial-directional
+ * averaging), applies a Nesterov outer step and sends the new fragment back;
+ * each learner applies it tau of its own steps after reporting.
+ *
+ * Learners that die are dropped from the quorum's denominator after a
+ * timeout; a new or restarted learner joins by pulling a consistent copy of
+ * the global fragments from a healthy peer. The syncer checkpoints
+ * atomically and resumes without any fragment version going backwards.
+ *
+ * Built only when libzmq is found (DISTRO_WITH_SYNC is then defined). */
+#ifndef DISTRO_SYNC_H
+#define DISTRO_SYNC_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <distro/status.h>
+#include <distro/diloco.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Reasons carried by ERROR replies (docs/protocol.md). */
+typedef enum {
+  DISTRO_SYNC_E_NONE = 0,
+  DISTRO_SYNC_E_MALFORMED = 1, /* wrong frame count, size, magic, type or field */
+  DISTRO_SYNC_E_CRC = 2,       /* CRC32C of header and payload does not match */
+  DISTRO_SYNC_E_PROTOCOL = 3,  /* protocol version not spoken */
+  DISTRO_SYNC_E_UNKNOWN = 4,   /* learner not joined, timed out, or id owned by another connection */
+  DISTRO_SYNC_E_SIGNATURE = 5, /* model signature or tensor layout differs */
+  DISTRO_SYNC_E_STALE = 6,     /* report based on a version more than max_staleness behind */
+  DISTRO_SYNC_E_PAYLOAD = 7,   /* encoded values invalid or non-finite */
+  DISTRO_SYNC_E_NOT_READY = 8, /* the syncer has no global copy yet (another learner seeds it) */
+  DISTRO_SYNC_E_ROUND = 9      /* report for a fragment or round that is not open */
+} distro_sync_error;
+
+/* Static name of an error code ("malformed", "crc", ...). */
+DISTRO_API const char *distro_sync_error_name(int code);
+
+/* One line per event (merge timeline, rejected message, join, death). The
+ * library never prints; tools pass a function that does. Called from the
+ * thread that runs the syncer or the learner's background thread. */
+typedef void (*distro_sync_log_fn)(void *ctx, const char *line);
+
+/* ---------------------------------------------------------------- syncer */
+
+#define DISTRO_SYNCER_OPTIONS_VERSION 1
+
+typedef struct distro_syncer_options {
+  int version;              /* DISTRO_SYNCER_OPTIONS_VERSION */
+  const char *endpoint;     /* ZeroMQ bind address ("tcp://127.0.0.1:*" picks a port; ipc://...) */
+  int fragments;            /* P (1) */
+  distro_fragmenting fragmenting; /* BALANCED */
+  int64_t max_block;        /* as in distro_diloco_options (0: auto) */
+  distro_outer_codec codec; /* how learners upload outer gradients (INT4) */
+  int codec_block;          /* 64 */
+  distro_merge merge;       /* RADIAL_TOKENS */
+  float outer_lr;           /* 0.7 */
+  float outer_momentum;     /* 0.9 */
+  int nesterov;             /* 1 */
+  int quorum;               /* K >= 1 (1); min(K, live learners) when fewer are alive */
+  double grace_gamma;       /* safety margin in [0, 1] of the grace window (0.8) */
+  int overlap;              /* tau >= 0: learners apply a merged fragment tau steps after reporting (2) */
+  int H;                    /* reference inner steps between two syncs of one fragment (24) */
+  double interval_s;        /* > 0: fixed seconds between two fragment rounds; 0: H * step / P,
+                               step the median moving average of the live learners (0) */
+  int max_staleness;        /* S >= 0: a report based on a version up to S merges old is re-anchored
+                               at the current copy; older ones are rejected (2) */
+  double heartbeat_s;       /* 0.2 */
+  double timeout_s;         /* a learner silent this long leaves the quorum (2.0) */
+  const char *checkpoint;   /* file written atomically every checkpoint_every merges (NULL: none) */
+  int checkpoint_every;     /* N >= 1 (10) */
+  int resume;               /* 1: load `checkpoint` at create when it exists (1) */
+  const char *curve_keypair; /* the syncer's key file (distro_sync_keygen); NULL: no CURVE */
+  const char *curve_allowed; /* file of allowed learner public keys, one Z85 key per line; NULL:
+                                any learner that knows the syncer's public key */
+  distro_sync_log_fn log;   /* NULL: silent */
+  void *log_ctx;
+} distro_syncer_options;
+
+DISTRO_API distro_syncer_options distro_syncer_options_default(void);
+
+typedef struct distro_syncer distro_syncer;
+
+/* Per merge, passed to the merge callback and summarised in the log. */
+typedef struct distro_sync_merge_info {
+  int fragment;
+  uint64_t version;         /* the fragment's version after the merge */
+  uint64_t round;
+  int quorum;               /* K in effect (min(K, live)) */
+  int live;                 /* learners alive when the round closed */
+  int participants;         /* reports merged (late carried-over reports included) */
+  uint32_t participant_mask; /* bit m: learner id m (ids < 32) took part */
+  double time_to_quorum_s;  /* round opened -> quorum reached */
+  double grace_s;           /* grace window granted */
+  double waited_s;          /* round opened -> merge started */
+  double merge_s;           /* decode, merge, outer step, sends */
+  uint64_t bytes_in;        /* report bytes merged */
+  uint64_t bytes_out;       /* fragment bytes sent back */
+} distro_sync_merge_info;
+
+typedef void (*distro_sync_merge_fn)(void *ctx, const distro_sync_merge_info *info);
+
+typedef struct distro_syncer_stats {
+  uint64_t merges;
+  uint64_t rejected;        /* messages answered with an ERROR */
+  uint64_t reports;         /* reports accepted */
+  int live;                 /* learners alive now */
+  int initialized;          /* a global copy exists */
+  uint64_t epoch;           /* incremented at every start (saved in the checkpoint) */
+  uint64_t checkpoints;     /* checkpoints written by this process */
+  int64_t numel;            /* parameters (0 before the first learner) */
+  int fragments;
+  double merge_s_max, merge_s_mean;
+} distro_syncer_stats;
+
+/* Binds the endpoint and, with resume, loads the checkpoint. */
+DISTRO_API distro_status distro_syncer_create(const distro_syncer_options *o, distro_syncer **out);
+/* Optional; call before distro_syncer_run. */
+DISTRO_API distro_status distro_syncer_set_merge_callback(distro_syncer *s, distro_sync_merge_fn fn, void *ctx);
+/* The bound address (with the port chosen for "*"). */
+DISTRO_API const char *distro_syncer_endpoint(const distro_syncer *s);
+/* Serves until distro_syncer_stop (from any thread or a signal handler). */
+DISTRO_API distro_status distro_syncer_run(distro_syncer *s);
+DISTRO_API void distro_syncer_stop(distro_syncer *s);
+/* Thread-safe snapshots while run() serves. */
+DISTRO_API distro_status distro_syncer_get_stats(distro_syncer *s, distro_syncer_stats *st);
+DISTRO_API distro_status distro_syncer_versions(distro_syncer *s, uint64_t *versions, int P);
+/* Copies all fragments' global values in parameter order (numel floats) and
+ * the version vector (P entries, may be NULL), consistently. */
+DISTRO_API distro_status distro_syncer_get_global(distro_syncer *s, float *out, int64_t numel, uint64_t *versions,
+                                                  int P);
+/* Writes the checkpoint now. Thread-safe. */
+DISTRO_API distro_status distro_syncer_checkpoint(distro_syncer *s);
+DISTRO_API void distro_syncer_free(distro_syncer *s); /* accepts NULL */
+
+/* Writes a CURVE keypair: `path` (public and secret key, mode 0600) and
+ * `path`.pub (public key only). */
+DISTRO_API distro_status distro_sync_keygen(const char *path);
+
+/* --------------------------------------------------------------- learner */
+
+#define DISTRO_LEARNER_OPTIONS_VERSION 1
+
+typedef struct distro_learner_options {
+  int version;                 /* DISTRO_LEARNER_OPTIONS_VERSION */
+  const char *syncer;          /* the syncer's endpoint */
+  int learner_id;              /* >= 0, unique in the job */
+  const char *serve_endpoint;  /* where peers pull this learner's state ("tcp://127.0.0.1:*") */
+  const char *curve_server_key; /* the syncer's public key file (NULL: no CURVE) */
+  const char *curve_keypair;   /* this learner's key file (needed with curve_server_key) */
+  double heartbeat_s;          /* 0.2 */
+  double timeout_s;            /* syncer silent this long: say hello again (2.0) */
+  double join_timeout_s;       /* distro_learner_start gives up after this (30) */
+  int keep_local;              /* 1: on arrival theta <- new global + local progress since the
+                                  report (no step is discarded); 0: overwrite with the global copy (1) */
+  distro_sync_log_fn log;
+  void *log_ctx;
+} distro_learner_options;
+
+DISTRO_API distro_learner_options distro_learner_options_default(void);
+
+typedef struct distro_learner distro_learner;
+
+typedef struct distro_learner_stats {
+  int64_t step;             /* distro_learner_step calls */
+  int reported;             /* fragment reported in this call, or -1 */
+  int applied;              /* fragments applied in this call */
+  uint64_t reports;         /* reports handed to the background thread */
+  uint64_t applies;         /* merged fragments applied */
+  uint64_t errors;          /* ERROR replies received */
+  int last_error;           /* distro_sync_error of the last one */
+  uint64_t rejoins;         /* hellos after the first */
+  uint64_t bytes_up, bytes_down;
+  double goodput;           /* useful step time / resolved step time (1 before any merge) */
+  double step_s;            /* moving average of the time between two calls */
+  int connected;            /* heard from the syncer within timeout_s */
+  int joined_from_peer;     /* 1: start() pulled the state from a peer, 2: from the syncer, 3: seeded it */
+} distro_learner_stats;
+
+DISTRO_API distro_status distro_learner_create(const distro_learner_options *o, distro_learner **out);
+/* Before start: register each parameter tensor (the caller's buffer, numel
+ * floats). Flags: DISTRO_DILOCO_PLAIN_MERGE. Every learner registers the
+ * same list in the same order (checked through the model signature). */
+DISTRO_API distro_status distro_learner_add_tensor(distro_learner *l, const char *name, float *param, int64_t numel,
+                                                   unsigned flags);
+/* Starts the background thread and joins: the first learner of a fresh
+ * syncer seeds it with its parameters; every other learner overwrites its
+ * parameters with a consistent copy of the global fragments pulled from a
+ * peer (or from the syncer when no peer is alive). Blocks until joined or
+ * join_timeout_s (DISTRO_ERR_TIMEOUT); an ERROR reply (signature) is
+ * DISTRO_ERR_SHAPE. */
+DISTRO_API distro_status distro_learner_start(distro_learner *l);
+/* Call after every inner optimizer step, `tokens` processed in it. Reports
+ * the fragments the syncer asked for and applies merged fragments whose
+ * tau steps have passed. Never waits for the network. */
+DISTRO_API distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_learner_stats *st);
+DISTRO_API distro_status distro_learner_get_stats(distro_learner *l, distro_learner_stats *st);
+/* The fragment count P and the versions of the fragments in the parameters. */
+DISTRO_API int distro_learner_fragments(const distro_learner *l);
+DISTRO_API distro_status distro_learner_versions(const distro_learner *l, uint64_t *versions, int P);
+/* Says goodbye, stops the thread. Accepts NULL. */
+DISTRO_API void distro_learner_free(distro_learner *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

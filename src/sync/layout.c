@@ -1,0 +1,87 @@
+/* Fragment layout shared by the syncer and the learners: the same balanced
+ * (or strided, sequential) fragments as the DiLoCo mode, built from the
+ * tensor sizes and the syncer's settings, and the encoded report layout. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "compress/outer_codec.h"
+#include "sync/sync_internal.h"
+
+void distro__sy_layout_destroy(distro__sy_layout *L) {
+  if (!L) return;
+  free(L->numel);
+  free(L->tflags);
+  free(L->toff);
+  free(L->piece_elem);
+  free(L->piece_byte);
+  free(L->frag_bytes);
+  free(L->frag_off);
+  distro__fragments_destroy(&L->frags);
+  memset(L, 0, sizeof *L);
+}
+
+distro_status distro__sy_layout_build(distro__sy_layout *L, int nt, const int64_t *numel, const unsigned *flags,
+                                      uint64_t signature, int P, distro_fragmenting fr, int64_t max_block,
+                                      distro_outer_codec codec, int block) {
+  distro_status st = DISTRO_OK;
+  memset(L, 0, sizeof *L);
+  if (nt < 1) return distro__fail(DISTRO_ERR_INVALID, "no tensors");
+  if (P < 1) return distro__fail(DISTRO_ERR_INVALID, "fragments %d < 1", P);
+  if (!distro__outer_codec_known(codec) || block < 1)
+    return distro__fail(DISTRO_ERR_INVALID, "unknown codec %d or block %d", (int)codec, block);
+  L->nt = nt;
+  L->P = P;
+  L->codec = codec;
+  L->block = block;
+  L->signature = signature;
+  L->numel = malloc(sizeof *L->numel * (size_t)nt);
+  L->tflags = malloc(sizeof *L->tflags * (size_t)nt);
+  L->toff = malloc(sizeof *L->toff * (size_t)nt);
+  L->frag_bytes = calloc((size_t)P, sizeof *L->frag_bytes);
+  L->frag_off = calloc((size_t)P + 1, sizeof *L->frag_off);
+  if (!L->numel || !L->tflags || !L->toff || !L->frag_bytes || !L->frag_off)
+    DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < nt; i++) {
+    if (numel[i] < 1) DISTRO_FAIL(DISTRO_ERR_INVALID, "tensor %d has %lld elements", i, (long long)numel[i]);
+    L->numel[i] = numel[i];
+    L->tflags[i] = flags ? flags[i] : 0;
+    L->toff[i] = L->total;
+    L->total += numel[i];
+  }
+  DISTRO_CHECK(distro__fragments_build(&L->frags, fr, P, nt, numel, NULL, max_block));
+  const distro__fragments *f = &L->frags;
+  L->piece_elem = malloc(sizeof *L->piece_elem * (size_t)(f->npieces ? f->npieces : 1));
+  L->piece_byte = malloc(sizeof *L->piece_byte * (size_t)(f->npieces ? f->npieces : 1));
+  if (!L->piece_elem || !L->piece_byte) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  for (int p = 0; p < P; p++) {
+    int64_t e = 0;
+    size_t b = 0;
+    for (int q = f->start[p]; q < f->start[p + 1]; q++) {
+      L->piece_elem[q] = e;
+      L->piece_byte[q] = b;
+      e += f->pieces[q].count;
+      b += distro__outer_bytes(codec, f->pieces[q].count, block);
+    }
+    L->frag_bytes[p] = b;
+    L->frag_off[p + 1] = L->frag_off[p] + f->numel[p];
+  }
+  return DISTRO_OK;
+fail:
+  distro__sy_layout_destroy(L);
+  return st;
+}
+
+void distro__sy_gather(const distro__sy_layout *L, int p, float *const *params, float *dst) {
+  const distro__fragments *f = &L->frags;
+  for (int q = f->start[p]; q < f->start[p + 1]; q++)
+    memcpy(dst + L->piece_elem[q], params[f->pieces[q].tensor] + f->pieces[q].offset,
+           sizeof(float) * (size_t)f->pieces[q].count);
+}
+
+void distro__sy_scatter(const distro__sy_layout *L, int p, const float *src, float *const *params) {
+  const distro__fragments *f = &L->frags;
+  for (int q = f->start[p]; q < f->start[p + 1]; q++)
+    memcpy(params[f->pieces[q].tensor] + f->pieces[q].offset, src + L->piece_elem[q],
+           sizeof(float) * (size_t)f->pieces[q].count);
+}

@@ -1,0 +1,135 @@
+/* distro-syncer: the Decoupled DiLoCo syncer service (docs/protocol.md).
+ *
+ *   distro-syncer --endpoint tcp://0.0.0.0:5555 [--fragments P] [--quorum K]
+ *                 [--codec int4] [--merge radial-tokens] [--H 24] [--overlap 2]
+ *                 [--checkpoint FILE --checkpoint-every N] [--curve-keypair F
+ *                 [--curve-allowed F]] [--timeout S] [--heartbeat S] ...
+ *   distro-syncer --keygen PATH      writes PATH (keypair) and PATH.pub
+ *
+ * Prints one line per event to stdout (merge timeline, joins, deaths,
+ * rejected messages) and stops on SIGINT/SIGTERM, writing a final checkpoint. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <distro/distro.h>
+#include <distro/sync.h>
+
+static distro_syncer *g_syncer;
+static double g_t0;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void on_signal(int sig) {
+  (void)sig;
+  distro_syncer_stop(g_syncer);
+}
+
+static void log_line(void *ctx, const char *line) {
+  (void)ctx;
+  printf("[syncer %9.3f] %s\n", now_s() - g_t0, line);
+  fflush(stdout);
+}
+
+static int parse_codec(const char *s, distro_outer_codec *c) {
+  static const char *const n[] = {"f32", "bf16", "int8", "int4", "fp4"};
+  for (int i = 0; i < 5; i++)
+    if (strcmp(s, n[i]) == 0) return *c = (distro_outer_codec)i, 1;
+  return 0;
+}
+static int parse_merge(const char *s, distro_merge *m) {
+  static const char *const n[] = {"mean", "tokens", "radial", "radial-tokens"};
+  for (int i = 0; i < 4; i++)
+    if (strcmp(s, n[i]) == 0) return *m = (distro_merge)i, 1;
+  return 0;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: distro-syncer --endpoint EP [--fragments P] [--quorum K] [--gamma G] [--H H] [--overlap TAU]\n"
+          "       [--interval S] [--staleness S] [--codec f32|bf16|int8|int4|fp4] [--block B]\n"
+          "       [--merge mean|tokens|radial|radial-tokens] [--outer-lr LR] [--outer-momentum MU] [--no-nesterov]\n"
+          "       [--heartbeat S] [--timeout S] [--checkpoint FILE] [--checkpoint-every N] [--no-resume]\n"
+          "       [--curve-keypair FILE] [--curve-allowed FILE] [--endpoint-file FILE]\n"
+          "       distro-syncer --keygen PATH\n");
+}
+
+int main(int argc, char **argv) {
+  distro_syncer_options o = distro_syncer_options_default();
+  const char *endpoint_file = NULL;
+  g_t0 = now_s();
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
+    if (ARG("--keygen")) {
+      if (distro_sync_keygen(v) != DISTRO_OK) {
+        fprintf(stderr, "distro-syncer: %s\n", distro_last_error());
+        return 1;
+      }
+      printf("wrote %s and %s.pub\n", v, v);
+      return 0;
+    } else if (ARG("--endpoint")) o.endpoint = v;
+    else if (ARG("--fragments")) o.fragments = atoi(v);
+    else if (ARG("--quorum")) o.quorum = atoi(v);
+    else if (ARG("--gamma")) o.grace_gamma = atof(v);
+    else if (ARG("--H")) o.H = atoi(v);
+    else if (ARG("--overlap")) o.overlap = atoi(v);
+    else if (ARG("--interval")) o.interval_s = atof(v);
+    else if (ARG("--staleness")) o.max_staleness = atoi(v);
+    else if (ARG("--block")) o.codec_block = atoi(v);
+    else if (ARG("--outer-lr")) o.outer_lr = (float)atof(v);
+    else if (ARG("--outer-momentum")) o.outer_momentum = (float)atof(v);
+    else if (ARG("--heartbeat")) o.heartbeat_s = atof(v);
+    else if (ARG("--timeout")) o.timeout_s = atof(v);
+    else if (ARG("--checkpoint")) o.checkpoint = v;
+    else if (ARG("--checkpoint-every")) o.checkpoint_every = atoi(v);
+    else if (ARG("--curve-keypair")) o.curve_keypair = v;
+    else if (ARG("--curve-allowed")) o.curve_allowed = v;
+    else if (ARG("--endpoint-file")) endpoint_file = v;
+    else if (ARG("--codec")) {
+      if (!parse_codec(v, &o.codec)) return usage(), 2;
+    } else if (ARG("--merge")) {
+      if (!parse_merge(v, &o.merge)) return usage(), 2;
+    } else if (strcmp(a, "--no-nesterov") == 0) o.nesterov = 0;
+    else if (strcmp(a, "--no-resume") == 0) o.resume = 0;
+    else {
+      usage();
+      return 2;
+    }
+#undef ARG
+  }
+  o.log = log_line;
+  if (distro_syncer_create(&o, &g_syncer) != DISTRO_OK) {
+    fprintf(stderr, "distro-syncer: %s\n", distro_last_error());
+    return 1;
+  }
+  if (endpoint_file) {
+    FILE *f = fopen(endpoint_file, "w");
+    if (f) {
+      fprintf(f, "%s\n", distro_syncer_endpoint(g_syncer));
+      fclose(f);
+    }
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  distro_status st = distro_syncer_run(g_syncer);
+  if (st != DISTRO_OK) fprintf(stderr, "distro-syncer: %s\n", distro_last_error());
+  distro_syncer_stats s;
+  distro_syncer_get_stats(g_syncer, &s);
+  if (o.checkpoint && s.initialized && distro_syncer_checkpoint(g_syncer) != DISTRO_OK)
+    fprintf(stderr, "distro-syncer: final checkpoint: %s\n", distro_last_error());
+  printf("[syncer] stopped: merges %llu, reports %llu, rejected %llu, merge time mean %.5f s max %.5f s\n",
+         (unsigned long long)s.merges, (unsigned long long)s.reports, (unsigned long long)s.rejected,
+         s.merge_s_mean, s.merge_s_max);
+  distro_syncer_free(g_syncer);
+  return st == DISTRO_OK ? 0 : 1;
+}
