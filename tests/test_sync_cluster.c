@@ -1,0 +1,236 @@
+/* Syncer + learner processes on loopback (ipc endpoints in a temp dir):
+ *  - SIGKILL one of four learners mid-run: the survivors keep their step
+ *    rate (within 10%) and merges continue at quorum with three live
+ *    learners; restarted, it joins through a peer and its parameters equal
+ *    the global fragments at the versions it received;
+ *  - kill and restart the syncer: it reloads its checkpoint, learners
+ *    rejoin and upload newer fragments, no fragment version goes backwards
+ *    and merges continue. */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifdef DISTRO_WITH_SYNC
+#include "sync/syncer_internal.h"
+#include "sync_harness.h"
+
+#define MAXREC 2048
+typedef struct proc {
+  pid_t pid;
+  FILE *out;
+  pthread_t th;
+  pthread_mutex_t mu;
+  int nrec;
+  double t[MAXREC];
+  long step[MAXREC];
+  int joined_source, done;
+  long rejoins;
+  char versions[256];
+  float *params;
+  int nparams;
+} proc;
+
+static void *reader(void *arg) {
+  proc *p = arg;
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, p->out) > 0) {
+    pthread_mutex_lock(&p->mu);
+    long s, e, r, a;
+    double g;
+    if (sscanf(line, "step %ld goodput %lf errors %ld rejoins %ld applies %ld", &s, &g, &e, &r, &a) == 5) {
+      if (p->nrec < MAXREC) p->t[p->nrec] = sh_now(), p->step[p->nrec++] = s;
+      p->rejoins = r;
+    } else if (strncmp(line, "joined source=", 14) == 0) {
+      sscanf(line, "joined source=%d versions=%255s", &p->joined_source, p->versions);
+    } else if (strncmp(line, "params", 6) == 0) {
+      p->params = malloc(sizeof(float) * 256);
+      char *q = line + 6;
+      for (p->nparams = 0; p->nparams < 256; p->nparams++) {
+        char *end;
+        const double v = strtod(q, &end);
+        if (end == q) break;
+        p->params[p->nparams] = (float)v;
+        q = end;
+      }
+    } else if (strncmp(line, "done", 4) == 0) {
+      p->done = 1;
+    }
+    pthread_mutex_unlock(&p->mu);
+  }
+  free(line);
+  return NULL;
+}
+
+static void spawn(proc *p, const char *ep, int id, int steps, int step_ms, double offset) {
+  memset(p, 0, sizeof *p);
+  pthread_mutex_init(&p->mu, NULL);
+  int fd[2];
+  cr_assert_eq(pipe(fd), 0);
+  char a_id[16], a_steps[16], a_ms[16], a_off[32];
+  snprintf(a_id, sizeof a_id, "%d", id);
+  snprintf(a_steps, sizeof a_steps, "%d", steps);
+  snprintf(a_ms, sizeof a_ms, "%d", step_ms);
+  snprintf(a_off, sizeof a_off, "%g", offset);
+  p->pid = fork();
+  cr_assert_geq(p->pid, 0);
+  if (p->pid == 0) {
+    dup2(fd[1], 1);
+    close(fd[0]);
+    close(fd[1]);
+    execl(SYNC_LEARNER_BIN, SYNC_LEARNER_BIN, ep, a_id, a_steps, a_ms, a_off, (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  p->out = fdopen(fd[0], "r");
+  pthread_create(&p->th, NULL, reader, p);
+}
+
+static void reap(proc *p) {
+  waitpid(p->pid, NULL, 0);
+  pthread_join(p->th, NULL);
+  fclose(p->out);
+}
+
+/* Steps per second of a learner within [t0, t1] (from its progress lines). */
+static double rate(proc *p, double t0, double t1) {
+  pthread_mutex_lock(&p->mu);
+  int a = -1, b = -1;
+  for (int k = 0; k < p->nrec; k++) {
+    if (p->t[k] >= t0 && a < 0) a = k;
+    if (p->t[k] <= t1) b = k;
+  }
+  const double r = a >= 0 && b > a ? (double)(p->step[b] - p->step[a]) / (p->t[b] - p->t[a]) : 0;
+  pthread_mutex_unlock(&p->mu);
+  return r;
+}
+
+static void base_options(distro_syncer_options *o, const char *ep) {
+  *o = distro_syncer_options_default();
+  o->endpoint = ep;
+  o->fragments = 4;
+  o->interval_s = 0.04;
+  o->timeout_s = 0.8;
+  o->heartbeat_s = 0.1;
+}
+
+Test(sync_cluster, kill_one_learner_quorum_continues_restart_joins_from_peer) {
+  static sh_syncer h;
+  memset(&h, 0, sizeof h);
+  h.record_values = 1;
+  sh_tmpdir(h.dir, sizeof h.dir);
+  char ep[300];
+  snprintf(ep, sizeof ep, "ipc://%s/s.ipc", h.dir);
+  distro_syncer_options o;
+  base_options(&o, ep);
+  o.quorum = 3;
+  cr_assert_eq(sh_start(&h, &o), DISTRO_OK, "%s", distro_last_error());
+  proc L[5];
+  const double T0 = sh_now();
+  for (int i = 0; i < 4; i++) spawn(&L[i], ep, i, 900, 8, 0.1 * i);
+  /* Phase 1: all four train. */
+  sh_sleep(3.0);
+  const double t_kill = sh_now();
+  kill(L[3].pid, SIGKILL);
+  sh_sleep(3.0);
+  const double t_restart = sh_now();
+  spawn(&L[4], ep, 3, 150, 8, 0.3);
+  for (int i = 0; i < 3; i++) reap(&L[i]);
+  reap(&L[4]);
+  waitpid(L[3].pid, NULL, 0);
+  pthread_join(L[3].th, NULL);
+  fclose(L[3].out);
+  free(L[3].params);
+  /* Survivors' step rate: 1 s before the kill vs the 2 s after it. */
+  for (int i = 0; i < 3; i++) {
+    const double before = rate(&L[i], t_kill - 1.5, t_kill), after = rate(&L[i], t_kill + 0.5, t_restart);
+    cr_log_info("learner %d: %.1f steps/s before the kill, %.1f while learner 3 is dead", i, before, after);
+    cr_assert_gt(before, 0);
+    cr_assert_geq(after, 0.9 * before, "learner %d slowed down: %.1f -> %.1f steps/s", i, before, after);
+  }
+  /* Merges while learner 3 was dead (after its timeout): quorum 3 of 3 live. */
+  int dead_merges = 0, all_merges = sh_merges(&h);
+  for (int k = 0; k < all_merges; k++)
+    if (h.t_merge[k] > t_kill + 1.2 && h.t_merge[k] < t_restart) {
+      dead_merges++;
+      cr_assert_eq(h.m[k].live, 3, "merge %d: live %d", k, h.m[k].live);
+      cr_assert_geq(h.m[k].participants, 3, "merge %d: %d participants", k, h.m[k].participants);
+      cr_assert_eq(h.m[k].participant_mask & 8u, 0u);
+    }
+  cr_log_info("%d merges while learner 3 was dead; %d in all over %.1f s", dead_merges, all_merges, sh_now() - T0);
+  cr_assert_geq(dead_merges, 10, "merges continue at quorum");
+  /* The restarted learner joined from a peer with the global fragments. */
+  cr_assert_eq(L[4].joined_source, 1, "restarted learner joined via %d (1 = peer)", L[4].joined_source);
+  cr_assert_eq(L[4].nparams, 256);
+  const distro__sy_layout *Lay = &h.s->L;
+  unsigned long long v[4];
+  cr_assert_eq(sscanf(L[4].versions, "%llu,%llu,%llu,%llu", &v[0], &v[1], &v[2], &v[3]), 4);
+  for (int p = 0; p < 4; p++) {
+    int64_t idx[256], n = 0;
+    for (int q = Lay->frags.start[p]; q < Lay->frags.start[p + 1]; q++)
+      for (int64_t j = 0; j < Lay->frags.pieces[q].count; j++)
+        idx[n++] = Lay->toff[Lay->frags.pieces[q].tensor] + Lay->frags.pieces[q].offset + j;
+    const int r = sh_check_fragment(&h, p, v[p], L[4].params, idx, n);
+    cr_assert_eq(r, 1, "fragment %d version %llu: %s", p, v[p], r == 0 ? "values differ" : "version never merged");
+  }
+  free(L[4].params);
+  for (int i = 0; i < 3; i++) free(L[i].params);
+  sh_stop(&h);
+}
+
+Test(sync_cluster, syncer_restart_resumes_from_checkpoint_no_version_goes_back) {
+  static sh_syncer h;
+  memset(&h, 0, sizeof h);
+  sh_tmpdir(h.dir, sizeof h.dir);
+  char ep[300], ck[300];
+  snprintf(ep, sizeof ep, "ipc://%s/s.ipc", h.dir);
+  snprintf(ck, sizeof ck, "%s/syncer.ckpt", h.dir);
+  distro_syncer_options o;
+  base_options(&o, ep);
+  o.checkpoint = ck;
+  o.checkpoint_every = 7;
+  cr_assert_eq(sh_start(&h, &o), DISTRO_OK, "%s", distro_last_error());
+  proc L[3];
+  for (int i = 0; i < 3; i++) spawn(&L[i], ep, i, 800, 8, 0.1 * i);
+  sh_sleep(2.5);
+  uint64_t before[4], loaded[4], after[4];
+  sh_stop(&h); /* a crash: nothing written since the last periodic checkpoint */
+  /* The versions the learners hold are what the syncer had: read from the merge log. */
+  for (int p = 0; p < 4; p++) before[p] = 0;
+  for (int k = 0; k < h.nm; k++)
+    if (h.m[k].version > before[h.m[k].fragment]) before[h.m[k].fragment] = h.m[k].version;
+  const int merges1 = h.nm;
+  sh_sleep(1.0);
+  cr_assert_eq(sh_start(&h, &o), DISTRO_OK, "%s", distro_last_error());
+  distro_syncer_stats st;
+  distro_syncer_get_stats(h.s, &st);
+  cr_assert_eq(st.epoch, 2);
+  cr_assert(st.initialized, "the checkpoint was loaded");
+  cr_assert_eq(distro_syncer_versions(h.s, loaded, 4), DISTRO_OK);
+  sh_sleep(3.0);
+  cr_assert_eq(distro_syncer_versions(h.s, after, 4), DISTRO_OK);
+  for (int p = 0; p < 4; p++) {
+    cr_log_info("fragment %d: version %llu before the crash, %llu in the checkpoint, %llu after restart", p,
+                (unsigned long long)before[p], (unsigned long long)loaded[p], (unsigned long long)after[p]);
+    cr_assert_leq(loaded[p], before[p]);
+    cr_assert_gt(after[p], before[p], "fragment %d went from %llu to %llu", p, (unsigned long long)before[p],
+                 (unsigned long long)after[p]);
+  }
+  cr_assert_geq(h.nm - merges1, 8, "merges continue after the restart (%d)", h.nm - merges1);
+  for (int i = 0; i < 3; i++) reap(&L[i]);
+  for (int i = 0; i < 3; i++) free(L[i].params);
+  for (int i = 0; i < 3; i++) {
+    cr_assert(L[i].done, "learner %d finished", i);
+    cr_assert_geq(L[i].rejoins, 1, "learner %d rejoined the restarted syncer", i);
+  }
+  sh_stop(&h);
+}
+#else
+Test(sync_cluster, skipped) { cr_skip_test("built without libzmq (no syncer)"); }
+#endif
