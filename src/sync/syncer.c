@@ -158,7 +158,9 @@ static distro_status load_allowed(distro_syncer *s, const char *path) {
     if (*k == '#' || *k == '\n' || *k == 0) continue;
     if (strncmp(k, "public", 6) == 0) {
       k += 6;
-      while (*k == ' ' || *k == '=' || *k == '\t') k++;
+      while (*k == ' ' || *k == '\t') k++;
+      if (*k == '=') k++;
+      while (*k == ' ' || *k == '\t') k++;
     }
     size_t n = 0;
     while (k[n] && k[n] != '\n' && k[n] != '\r' && k[n] != ' ') n++;

@@ -84,7 +84,11 @@ static int parse_key_line(const char *line, const char *name, char out[41]) {
   const size_t n = strlen(name);
   if (strncmp(line, name, n) != 0) return 0;
   line += n;
-  while (*line == ' ' || *line == '\t' || *line == '=') line++;
+  /* "name = KEY": Z85 keys may themselves start with '=', so skip one. */
+  while (*line == ' ' || *line == '\t') line++;
+  if (*line != '=') return 0;
+  line++;
+  while (*line == ' ' || *line == '\t') line++;
   size_t k = 0;
   while (line[k] && line[k] != '\n' && line[k] != '\r' && line[k] != ' ') k++;
   if (k != 40) return -1;
