@@ -250,6 +250,7 @@ int main(int argc, char **argv) {
     sum.seconds_exchange += st.seconds_exchange;
     sum.seconds_decode += st.seconds_decode;
     sum.seconds_total += st.seconds_total;
+    sum.seconds_codec += st.seconds_codec;
     sum.bytes_sent += st.bytes_sent;
   }
 
@@ -264,6 +265,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 6; i++)
     printf("  %-22s %10.3f %7.1f%% %14.1f\n", names[i], vals[i], tot > 0 ? 100.0 * vals[i] / tot : 0.0,
            vals[i] > 0 ? N / vals[i] / 1e6 : 0.0);
+  printf("  %-22s %10.3f %7.1f%%   (wire encode + validate/decode, inside the two phases above)\n",
+         "of which wire codec", sum.seconds_codec / n, tot > 0 ? 100.0 * sum.seconds_codec / n / tot : 0.0);
   printf("  %-22s %10.3f %8s %14.1f\n", "wall (around step)", w, "", N / w / 1e6);
   printf("  %-22s %10.3f %8s %14.1f\n", "wall, best step", best, "", N / best / 1e6);
 
