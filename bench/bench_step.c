@@ -4,8 +4,13 @@
  * Prints figures; asserts nothing about time.
  *
  *   bench_step [--layers N] [--algo demo|adamw] [--update sign|adamw]
- *              [--values f32|bf16|sign1] [--topk K] [--chunk C] [--threads T]
- *              [--steps S] [--warmup W] [--model llama|gpt2]
+ *              [--values f32|bf16|sign1|int8|int4] [--topk K] [--chunk C] [--threads T]
+ *              [--steps S] [--warmup W] [--model llama|gpt2] [--wire 1|2]
+ *
+ * The cost of the compact wire format (v2: entropy-coded indices, coded
+ * values) is the difference between --wire 2 and --wire 1 (fixed-width u16
+ * indices, raw values) in the top-k phase (which includes the encoding) and
+ * the decode phase.
  *
  * Memory: params and grads are 4 bytes per parameter each and the optimizer
  * keeps its own state (two momentum buffers for DeMo sign; Adam moments as
@@ -113,7 +118,7 @@ static int die(const char *what, distro_status s) {
 }
 
 int main(int argc, char **argv) {
-  int layers = -1, threads = 0, steps = 3, warmup = 2, topk = -1, chunk = -1;
+  int layers = -1, threads = 0, steps = 3, warmup = 2, topk = -1, chunk = -1, wire = 0;
   const char *algo = "demo", *update = NULL, *values = NULL, *model = "llama";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -129,6 +134,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--steps")) steps = atoi(v);
     else if (!strcmp(a, "--warmup")) warmup = atoi(v);
     else if (!strcmp(a, "--model")) model = v;
+    else if (!strcmp(a, "--wire")) wire = atoi(v);
     else goto usage;
     i++;
   }
@@ -147,8 +153,12 @@ int main(int argc, char **argv) {
     if (!strcmp(values, "f32")) o.values = DISTRO_VALUES_F32;
     else if (!strcmp(values, "bf16")) o.values = DISTRO_VALUES_BF16;
     else if (!strcmp(values, "sign1")) o.values = DISTRO_VALUES_SIGN1;
+    else if (!strcmp(values, "int8")) o.values = DISTRO_VALUES_INT8;
+    else if (!strcmp(values, "int4")) o.values = DISTRO_VALUES_INT4;
     else goto usage;
   }
+  if (wire == 1 || wire == 2) o.wire_version = wire;
+  else if (wire) goto usage;
   if (topk > 0) o.topk = topk;
   if (chunk > 0) o.chunk = chunk;
   int is_llama = !strcmp(model, "llama");
@@ -186,14 +196,12 @@ int main(int argc, char **argv) {
 
   printf("bench_step: ");
   bench_model_print(&m, stdout);
-  printf("  algorithm %s, update %s, values %s, chunk %d, topk %d, %d OpenMP threads, world 1 (in-process)\n",
+  static const char *const vname[] = {"f32", "bf16", "sign1", "int8", "int4"};
+  printf("  algorithm %s, update %s, values %s, wire v%d, chunk %d, topk %d, %d OpenMP threads, world 1 (in-process)\n",
          o.algorithm == DISTRO_ALG_ADAMW ? "AdamW all-reduce" : "DeMo",
          o.algorithm == DISTRO_ALG_ADAMW ? "-" : (o.update == DISTRO_UPDATE_SIGN ? "sign" : "adamw"),
-         o.algorithm == DISTRO_ALG_ADAMW ? "-"
-         : o.values == DISTRO_VALUES_F32 ? "f32"
-         : o.values == DISTRO_VALUES_BF16 ? "bf16"
-                                          : "sign1",
-         o.chunk, o.topk, omp_get_max_threads());
+         o.algorithm == DISTRO_ALG_ADAMW ? "-" : vname[o.values], o.wire_version, o.chunk, o.topk,
+         omp_get_max_threads());
   printf("  load average %.2f on %d CPUs at start\n", loadavg(), omp_get_num_procs());
   printf("  memory estimate %.1f GB (params, grads, %d state buffers, slack) of %.1f GB available%s\n", est / 1e9,
          held, avail / 1e9, cut ? " -> fewer blocks (set --layers to override)" : "");
@@ -242,6 +250,7 @@ int main(int argc, char **argv) {
     sum.seconds_exchange += st.seconds_exchange;
     sum.seconds_decode += st.seconds_decode;
     sum.seconds_total += st.seconds_total;
+    sum.seconds_codec += st.seconds_codec;
     sum.bytes_sent += st.bytes_sent;
   }
 
@@ -256,6 +265,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 6; i++)
     printf("  %-22s %10.3f %7.1f%% %14.1f\n", names[i], vals[i], tot > 0 ? 100.0 * vals[i] / tot : 0.0,
            vals[i] > 0 ? N / vals[i] / 1e6 : 0.0);
+  printf("  %-22s %10.3f %7.1f%%   (wire encode + validate/decode, inside the two phases above)\n",
+         "of which wire codec", sum.seconds_codec / n, tot > 0 ? 100.0 * sum.seconds_codec / n / tot : 0.0);
   printf("  %-22s %10.3f %8s %14.1f\n", "wall (around step)", w, "", N / w / 1e6);
   printf("  %-22s %10.3f %8s %14.1f\n", "wall, best step", best, "", N / best / 1e6);
 
@@ -286,8 +297,9 @@ int main(int argc, char **argv) {
 
 usage:
   fprintf(stderr,
-          "usage: %s [--layers N] [--algo demo|adamw] [--update sign|adamw] [--values f32|bf16|sign1]\n"
+          "usage: %s [--layers N] [--algo demo|adamw] [--update sign|adamw] [--values f32|bf16|sign1|int8|int4]\n"
           "          [--topk K] [--chunk C] [--threads T] [--steps S] [--warmup W] [--model llama|gpt2]\n"
+          "          [--wire 1|2]\n"
           "  --layers N  transformer blocks to keep (default: as many of the model's as fit in memory)\n",
           argv[0]);
   return 2;

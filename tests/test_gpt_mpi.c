@@ -80,8 +80,11 @@ TestSuite(gpt_mpi, .init = setup, .fini = teardown, .timeout = 240);
 
 Test(gpt_mpi, same_parameters_as_in_process_ranks) {
   static const char *runs[] = {"--optim adamw --steps 12", "--optim distro --steps 12",
-                               "--optim distro-adamw --steps 12", "--optim distro --values sign1 --topk 8 --steps 12"};
-  for (int i = 0; i < 4; i++) {
+                               "--optim distro-adamw --steps 12", "--optim distro --values sign1 --topk 8 --steps 12",
+                               /* DiLoCo: two learners, then one learner of two ranks */
+                               "--optim diloco --learners 2 --H 4 --fragments 2 --outer-codec int4 --steps 12",
+                               "--optim diloco --learners 1 --ranks-per-learner 2 --inner distro --H 5 --steps 12"};
+  for (int i = 0; i < 6; i++) {
     const unsigned long long local = checksum(0, runs[i]), mpi = checksum(1, runs[i]);
     cr_expect_eq(local, mpi, "%s: in-process %016llx, MPI %016llx", runs[i], local, mpi);
   }

@@ -182,6 +182,39 @@ Test(gpt_train, resume_continues_the_same_run) {
   }
 }
 
+/* DiLoCo in the trainer: the learners' outer payloads leave at the scheduled
+ * steps only, a fragment's payload at a time, and the model learns. */
+Test(gpt_train, diloco_syncs_on_schedule_and_learns) {
+  char args[2048], log[400], loss[60][32], sent[60][32];
+  snprintf(log, sizeof log, "%s/diloco.csv", dir);
+  snprintf(args, sizeof args,
+           "--optim diloco --learners 2 --H 10 --fragments 2 --lr 3e-3 --steps 60 --eval-every 0 --log '%s'", log);
+  char *out = train(args);
+  cr_assert(strstr(out, "final val loss"), "%s", out);
+  free(out);
+  cr_assert_eq(csv_column(log, 2, loss, 60), 60);
+  cr_assert_eq(csv_column(log, 6, sent, 60), 60);
+  double first = 0, last = 0;
+  for (int s = 0; s < 5; s++) {
+    first += atof(loss[s]) / 5;
+    last += atof(loss[55 + s]) / 5;
+  }
+  cr_expect(last < first - 1.0, "diloco: train loss did not fall: first steps %.3f, last steps %.3f", first, last);
+  /* Inner AdamW over one rank sends nothing; fragment 0 leaves at steps 10,
+   * 20, ..., fragment 1 at 5, 15, ... (offset H/P). */
+  long long frag[2] = {0, 0};
+  for (int s = 1; s <= 60; s++) {
+    const long long b = atoll(sent[s - 1]);
+    if (s % 5) {
+      cr_expect_eq(b, 0, "step %d sent %lld bytes off schedule", s, b);
+    } else {
+      cr_expect_gt(b, 0, "step %d: no outer payload", s);
+      if (!frag[(s / 5) % 2]) frag[(s / 5) % 2] = b;
+      cr_expect_eq(b, frag[(s / 5) % 2], "step %d: payload %lld, earlier %lld", s, b, frag[(s / 5) % 2]);
+    }
+  }
+}
+
 /* ---- errors ------------------------------------------------------------ */
 
 /* Runs with `args` (no --data unless given), expects exit `code` and `msg` in the output. */
@@ -210,6 +243,12 @@ Test(gpt_errors, bad_flags) {
   expect_error("--stop-after 5", 2, "--stop-after needs --save");
   expect_error("--optim adamw --topk 4", 2, "DisTrO settings");
   expect_error("--seed -1", 2, "--seed: '-1' is not a non-negative integer");
+  expect_error("--H 10", 2, "are DiLoCo settings: add --optim diloco");
+  expect_error("--optim diloco --ranks 3", 2, "--learners x --ranks-per-learner ranks");
+  expect_error("--optim diloco --outer-codec int3", 2, "--outer-codec: 'int3' is not one of f32, bf16, int8, int4, fp4");
+  expect_error("--optim diloco --merge median", 2, "--merge: 'median' is not one of mean, tokens, radial");
+  expect_error("--optim diloco --inner sgd", 2, "--inner: 'sgd' is not one of adamw, distro, distro-adamw");
+  expect_error("--optim diloco --save x.bin", 2, "--save and --resume do not support --optim diloco");
   char *out;
   char cmd[600];
   snprintf(cmd, sizeof cmd, "'%s' --help", GPT_TRAIN);

@@ -69,6 +69,9 @@ typedef struct distro_step_stats {
   int      peers_dropped;     /* payloads skipped (drop_invalid_peers) */
   uint64_t peers_dropped_mask; /* bit r: rank r's payload was skipped (r < 64) */
   int      peers_clipped;     /* (peer, tensor) pairs scaled down by clipping */
+  double   seconds_codec;     /* part of seconds_topk and seconds_decode spent
+                                 in the wire format: encoding this rank's
+                                 payload, validating and decoding all of them */
 } distro_step_stats;
 
 typedef struct distro_optim distro_optim;

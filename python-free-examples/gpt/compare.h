@@ -9,6 +9,7 @@
  * every variant); the others come from each variant's tuned defaults. */
 typedef struct {
   int lr, warmup, topk, chunk, decay, values, wd;
+  int inner, learners, ranks_per_learner, H, fragments, codec, outer_lr, outer_momentum; /* DiLoCo */
 } compare_overrides;
 
 /* Runs every variant with `base` (steps, batch, model, seed, ...). Rank 0
@@ -26,6 +27,12 @@ typedef struct {
   int chunk, topk;
   float decay;
   distro_values values;
+  /* DiLoCo rows: inner optimizer (its DisTrO settings are the ones above),
+   * learners, inner steps between syncs, fragments, outer-gradient codec */
+  gpt_optim_kind inner;
+  int learners, H, fragments;
+  distro_outer_codec codec;
+  float outer_lr, outer_momentum;
 } variant;
 
 /* The tuned settings of an optimizer (its first row in the comparison),

@@ -27,6 +27,11 @@ static void usage(FILE *f) {
                             v->topk, (double)v->decay, values_name(v->values));
     n += (size_t)snprintf(defaults + n, sizeof defaults - n, "\n");
   }
+  const variant *d = tuned_variant(GPT_OPT_DILOCO);
+  snprintf(defaults + n, sizeof defaults - n,
+           "                        %-13s lr %g, warm-up %g%%, inner %s, %d learners, H %d, %d fragment(s), %s outer\n",
+           "diloco", (double)d->lr, 100.0 * d->warmup, optim_name(d->inner), d->learners, d->H, d->fragments,
+           outer_codec_name(d->codec));
   fprintf(f,
 "usage: gpt-train [options]             in-process ranks (threads)\n"
 "       mpirun -np N gpt-train --mpi [options]   one rank per MPI process\n"
@@ -42,8 +47,9 @@ static void usage(FILE *f) {
 "  --context N         sequence length in bytes (128)\n"
 "  --untied            separate output head (default: tied to the token embedding)\n"
 "optimizer\n"
-"  --optim NAME        adamw (gradient all-reduce + AdamW), distro (DeMo sign update)\n"
-"                      or distro-adamw (DisTrO exchange feeding AdamW); default distro\n"
+"  --optim NAME        adamw (gradient all-reduce + AdamW), distro (DeMo sign update),\n"
+"                      distro-adamw (DisTrO exchange feeding AdamW) or diloco (learners\n"
+"                      with one of those inside, and an outer step); default distro\n"
 "  --lr X              peak learning rate (default: the optimizer's, below)\n"
 "  --lr-final F        final lr as a fraction of the peak (0.1)\n"
 "  --warmup N          linear warm-up steps (default: the optimizer's fraction of the steps)\n"
@@ -58,6 +64,19 @@ static void usage(FILE *f) {
 "  --values V          DisTrO: f32, bf16, sign1 (1 bit per value: a vote), int8, int4\n"
 "                      defaults, tuned on the demo setting (README.md):\n"
 "%s"
+"DiLoCo (--optim diloco; docs/diloco.md)\n"
+"  --inner NAME        the learners' optimizer: adamw, distro, distro-adamw (adamw)\n"
+"  --learners M        learners (4)\n"
+"  --ranks-per-learner R  data-parallel ranks inside a learner (1); the run has M x R ranks\n"
+"  --H N               inner steps between two syncs of a fragment (15)\n"
+"  --fragments P       streaming: P fragments synced at staggered steps (1)\n"
+"  --overlap N         apply a sync N steps after it started, training meanwhile (0)\n"
+"  --alpha X           on arrival: local <- X*local + (1-X)*global (0)\n"
+"  --outer-lr X        outer Nesterov SGD learning rate (1: the learners' mean)\n"
+"  --outer-momentum X  its momentum (0; the paper's 0.9 did worse here, README.md)\n"
+"  --outer-codec C     outer gradients as f32, bf16, int8, int4 or fp4 (int4)\n"
+"  --merge M           mean, tokens, radial or radial-tokens (mean)\n"
+"  --progress-thread   run each sync on a helper thread while inner steps continue\n"
 "training\n"
 "  --steps N           optimizer steps (300)\n"
 "  --batch N           sequences per rank per step (8)\n"
@@ -77,9 +96,11 @@ static void usage(FILE *f) {
 "  --checksum          print a checksum of the final parameters\n"
 "  --quiet             no progress lines\n"
 "comparison\n"
-"  --compare           run the rows above (adamw, distro, distro-adamw, and distro-ref: DeMo's\n"
-"                      reference setting) on the same data, seed and steps and print a table;\n"
-"                      settings you give apply to every row\n"
+"  --compare           run the rows above (adamw, distro, distro-adamw, distro-ref: DeMo's\n"
+"                      reference setting, and the DiLoCo rows diloco-f32, diloco and\n"
+"                      diloco-stream) on the same data, seed and tokens and print a table;\n"
+"                      settings you give apply to every row they concern. The DiLoCo\n"
+"                      rows split the baseline's ranks x batch over their learners.\n"
 "  --plot FILE.png     with --compare: plot validation loss and bytes with gnuplot\n"
 "  --help              this text\n",
           GPT_FORTUNES_DIR, defaults);
@@ -141,6 +162,11 @@ int main(int argc, char **argv) {
   c.decay = 0.999f;
   c.values = DISTRO_VALUES_F32;
   c.ranks = 2;
+  c.inner = GPT_OPT_ADAMW;
+  c.learners = 4;
+  c.ranks_per_learner = 1;
+  c.diloco = distro_diloco_options_default();
+  int ranks_given = 0, diloco_flags = 0;
   c.eval_every = 25;
   c.eval_batches = 4;
   c.print_every = 10;
@@ -160,12 +186,15 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--compare")) { compare = 1; continue; }
     if (!strcmp(a, "--checksum")) { c.print_checksum = 1; continue; }
     if (!strcmp(a, "--quiet")) { c.quiet = 1; continue; }
+    if (!strcmp(a, "--progress-thread")) { c.diloco.progress_thread = 1; diloco_flags = 1; continue; }
     static const char *const valued[] = {
         "--data",   "--layers",     "--dim",        "--heads",       "--context", "--optim",      "--lr",
         "--lr-final", "--warmup",   "--clip",       "--wd",          "--beta1",   "--beta2",      "--topk",
         "--chunk",  "--decay",      "--values",     "--steps",       "--batch",   "--seed",       "--ranks",
         "--threads", "--eval-every", "--eval-batches", "--print-every", "--log",   "--save",       "--save-every",
-        "--resume", "--stop-after", "--plot"};
+        "--resume", "--stop-after", "--plot",      "--inner",    "--learners", "--ranks-per-learner",
+        "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
+        "--outer-codec", "--merge"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(a, valued[k]);
     if (!known) return bad("unknown option '%s'%s", a, "");
@@ -181,7 +210,41 @@ int main(int argc, char **argv) {
       if (!strcmp(v, "adamw")) c.optim = GPT_OPT_ADAMW;
       else if (!strcmp(v, "distro")) c.optim = GPT_OPT_DISTRO;
       else if (!strcmp(v, "distro-adamw")) c.optim = GPT_OPT_DISTRO_ADAMW;
-      else return bad("--optim: '%s' is not one of adamw, distro, distro-adamw%s", v, "");
+      else if (!strcmp(v, "diloco")) c.optim = GPT_OPT_DILOCO;
+      else return bad("--optim: '%s' is not one of adamw, distro, distro-adamw, diloco%s", v, "");
+    } else if (!strcmp(a, "--inner")) {
+      if (!strcmp(v, "adamw")) c.inner = GPT_OPT_ADAMW;
+      else if (!strcmp(v, "distro")) c.inner = GPT_OPT_DISTRO;
+      else if (!strcmp(v, "distro-adamw")) c.inner = GPT_OPT_DISTRO_ADAMW;
+      else return bad("--inner: '%s' is not one of adamw, distro, distro-adamw%s", v, "");
+      ov.inner = diloco_flags = 1;
+    } else if (!strcmp(a, "--learners")) { rc = parse_int(a, v, 1, &c.learners); ov.learners = diloco_flags = 1; }
+    else if (!strcmp(a, "--ranks-per-learner")) {
+      rc = parse_int(a, v, 1, &c.ranks_per_learner);
+      ov.ranks_per_learner = diloco_flags = 1;
+    } else if (!strcmp(a, "--H")) { rc = parse_int(a, v, 1, &c.diloco.H); ov.H = diloco_flags = 1; }
+    else if (!strcmp(a, "--fragments")) { rc = parse_int(a, v, 1, &c.diloco.fragments); ov.fragments = diloco_flags = 1; }
+    else if (!strcmp(a, "--overlap")) { rc = parse_int(a, v, 0, &c.diloco.overlap); diloco_flags = 1; }
+    else if (!strcmp(a, "--alpha")) { rc = parse_float(a, v, 0, &c.diloco.alpha); diloco_flags = 1; }
+    else if (!strcmp(a, "--outer-lr")) { rc = parse_float(a, v, 0, &c.diloco.outer_lr); ov.outer_lr = diloco_flags = 1; }
+    else if (!strcmp(a, "--outer-momentum")) {
+      rc = parse_float(a, v, 0, &c.diloco.outer_momentum);
+      ov.outer_momentum = diloco_flags = 1;
+    } else if (!strcmp(a, "--outer-codec")) {
+      if (!strcmp(v, "f32")) c.diloco.codec = DISTRO_OUTER_F32;
+      else if (!strcmp(v, "bf16")) c.diloco.codec = DISTRO_OUTER_BF16;
+      else if (!strcmp(v, "int8")) c.diloco.codec = DISTRO_OUTER_INT8;
+      else if (!strcmp(v, "int4")) c.diloco.codec = DISTRO_OUTER_INT4;
+      else if (!strcmp(v, "fp4")) c.diloco.codec = DISTRO_OUTER_FP4;
+      else return bad("--outer-codec: '%s' is not one of f32, bf16, int8, int4, fp4%s", v, "");
+      ov.codec = diloco_flags = 1;
+    } else if (!strcmp(a, "--merge")) {
+      if (!strcmp(v, "mean")) c.diloco.merge = DISTRO_MERGE_MEAN;
+      else if (!strcmp(v, "tokens")) c.diloco.merge = DISTRO_MERGE_TOKENS;
+      else if (!strcmp(v, "radial")) c.diloco.merge = DISTRO_MERGE_RADIAL;
+      else if (!strcmp(v, "radial-tokens")) c.diloco.merge = DISTRO_MERGE_RADIAL_TOKENS;
+      else return bad("--merge: '%s' is not one of mean, tokens, radial, radial-tokens%s", v, "");
+      diloco_flags = 1;
     } else if (!strcmp(a, "--lr")) { rc = parse_float(a, v, 0, &c.lr); ov.lr = 1; }
     else if (!strcmp(a, "--lr-final")) rc = parse_float(a, v, 0, &c.lr_final);
     else if (!strcmp(a, "--warmup")) { rc = parse_int(a, v, 0, &c.warmup); ov.warmup = 1; }
@@ -208,7 +271,7 @@ int main(int argc, char **argv) {
       unsigned long long s = strtoull(v, &end, 10);
       if (errno || end == v || *end || *v == '-') return bad("--seed: '%s' is not a non-negative integer%s", v, "");
       c.seed = s;
-    } else if (!strcmp(a, "--ranks")) rc = parse_int(a, v, 1, &c.ranks);
+    } else if (!strcmp(a, "--ranks")) { rc = parse_int(a, v, 1, &c.ranks); ranks_given = 1; }
     else if (!strcmp(a, "--threads")) rc = parse_int(a, v, 1, &c.threads);
     else if (!strcmp(a, "--eval-every")) rc = parse_int(a, v, 0, &c.eval_every);
     else if (!strcmp(a, "--eval-batches")) rc = parse_int(a, v, 1, &c.eval_batches);
@@ -238,6 +301,20 @@ int main(int argc, char **argv) {
   if (c.warmup > c.steps) return bad("--warmup must be <= --steps%s%s", "", "");
   if (c.optim == GPT_OPT_ADAMW && !compare && (ov.topk || ov.chunk || ov.decay || ov.values))
     return bad("--topk, --chunk, --decay and --values are DisTrO settings; --optim adamw takes none%s%s", "", "");
+  if (diloco_flags && !compare && c.optim != GPT_OPT_DILOCO)
+    return bad("--inner, --learners, --ranks-per-learner, --H, --fragments, --overlap, --alpha, --outer-*, "
+               "--merge and --progress-thread are DiLoCo settings: add --optim diloco%s%s", "", "");
+  if (c.optim == GPT_OPT_DILOCO && !compare) {
+    if ((long)c.learners * c.ranks_per_learner > 256)
+      return bad("--learners x --ranks-per-learner must be <= 256%s%s", "", "");
+    if (ranks_given && c.ranks != c.learners * c.ranks_per_learner)
+      return bad("--ranks: with --optim diloco the run has --learners x --ranks-per-learner ranks; "
+                 "leave --ranks out%s%s", "", "");
+    c.ranks = c.learners * c.ranks_per_learner;
+    if (c.save_path || c.resume_path)
+      return bad("--save and --resume do not support --optim diloco: the learners' parameters differ between "
+                 "syncs and the outer state is not in the checkpoint format%s%s", "", "");
+  }
 
   distro_comm *comm = NULL;
   if (mpi) {
@@ -277,7 +354,13 @@ int main(int argc, char **argv) {
       train_result res;
       if (lead && !c.quiet) {
         printf("optimizer: %s, lr %g", optim_name(c.optim), (double)c.lr);
-        if (c.optim != GPT_OPT_ADAMW)
+        if (c.optim == GPT_OPT_DILOCO)
+          printf(", %d learners x %d rank(s), inner %s, H %d, %d fragment(s), overlap %d, %s outer gradients, "
+                 "%s merge, outer lr %g, momentum %g",
+                 c.learners, c.ranks_per_learner, optim_name(c.inner), c.diloco.H, c.diloco.fragments,
+                 c.diloco.overlap, outer_codec_name(c.diloco.codec), merge_name(c.diloco.merge),
+                 (double)c.diloco.outer_lr, (double)c.diloco.outer_momentum);
+        if (step_optim_kind(&c) != GPT_OPT_ADAMW)
           printf(", topk %d, chunk %d, decay %g, %s values", c.topk, c.chunk, (double)c.decay, values_name(c.values));
         printf("\n");
         fflush(stdout);

@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef DISTRO_WITH_MPI
+#include <distro/mpi.h>
+#endif
+
 #include "checkpoint.h"
 #include "util.h"
 
@@ -19,6 +23,7 @@ const char *optim_name(gpt_optim_kind k) {
     case GPT_OPT_ADAMW: return "adamw";
     case GPT_OPT_DISTRO: return "distro";
     case GPT_OPT_DISTRO_ADAMW: return "distro-adamw";
+    case GPT_OPT_DILOCO: return "diloco";
   }
   return "?";
 }
@@ -34,12 +39,35 @@ const char *values_name(distro_values v) {
   return "?";
 }
 
+const char *outer_codec_name(distro_outer_codec k) {
+  switch (k) {
+    case DISTRO_OUTER_F32: return "f32";
+    case DISTRO_OUTER_BF16: return "bf16";
+    case DISTRO_OUTER_INT8: return "int8";
+    case DISTRO_OUTER_INT4: return "int4";
+    case DISTRO_OUTER_FP4: return "fp4";
+  }
+  return "?";
+}
+
+const char *merge_name(distro_merge k) {
+  switch (k) {
+    case DISTRO_MERGE_MEAN: return "mean";
+    case DISTRO_MERGE_TOKENS: return "tokens";
+    case DISTRO_MERGE_RADIAL: return "radial";
+    case DISTRO_MERGE_RADIAL_TOKENS: return "radial-tokens";
+  }
+  return "?";
+}
+
 typedef struct {
   const train_config *cfg;
   const gpt_corpus *data;
   FILE *out;
   train_result *res;
   int threads; /* OpenMP threads per rank */
+  /* DiLoCo: per world rank, its learner's and its column's communicators */
+  distro_comm **inner_comms, **outer_comms;
 } run_ctx;
 
 /* Linear warm-up to lr, then cosine down to lr * lr_final at the last step. */
@@ -100,14 +128,34 @@ static double evaluate(gpt_model *m, const gpt_corpus *d, distro_comm *comm, siz
   return buf[1] > 0 ? (double)buf[0] / buf[1] : NAN;
 }
 
+/* The per-step optimizer: DiLoCo's inner one, or the only one. */
+gpt_optim_kind step_optim_kind(const train_config *c) { return c->optim == GPT_OPT_DILOCO ? c->inner : c->optim; }
+
+/* DiLoCo validates the global copy: the consensus model, the same on every
+ * learner. The local parameters are set aside in `scratch` meanwhile. */
+static double evaluate_global(gpt_model *m, distro_diloco *dl, real *scratch, const gpt_corpus *d,
+                              distro_comm *comm, size_t count, uint8_t *inp, uint8_t *tgt) {
+  memcpy(scratch, m->params, sizeof(real) * m->nparams);
+  double v = NAN;
+  int ok = 1;
+  for (int i = 0; ok && i < m->ntensors; i++) {
+    const gpt_tensor *t = &m->tensors[i];
+    ok = distro_diloco_get_global(dl, t->name, m->params + t->offset, (int64_t)t->numel) == DISTRO_OK;
+  }
+  if (first_failed_rank(comm, ok) == -1) v = evaluate(m, d, comm, count, inp, tgt);
+  memcpy(m->params, scratch, sizeof(real) * m->nparams);
+  return v;
+}
+
 static distro_options make_options(const train_config *c) {
-  distro_options o = distro_options_default(c->optim == GPT_OPT_ADAMW ? DISTRO_ALG_ADAMW : DISTRO_ALG_DEMO);
+  const gpt_optim_kind k = step_optim_kind(c);
+  distro_options o = distro_options_default(k == GPT_OPT_ADAMW ? DISTRO_ALG_ADAMW : DISTRO_ALG_DEMO);
   o.lr = c->lr;
   o.beta1 = c->beta1;
   o.beta2 = c->beta2;
   o.weight_decay = c->wd;
-  if (c->optim != GPT_OPT_ADAMW) {
-    o.update = c->optim == GPT_OPT_DISTRO ? DISTRO_UPDATE_SIGN : DISTRO_UPDATE_ADAMW;
+  if (k != GPT_OPT_ADAMW) {
+    o.update = k == GPT_OPT_DISTRO ? DISTRO_UPDATE_SIGN : DISTRO_UPDATE_ADAMW;
     o.topk = c->topk;
     o.chunk = c->chunk;
     o.compression_decay = c->decay;
@@ -151,6 +199,10 @@ static void print_progress(const run_ctx *x, int step, float loss, double val, d
     ok = 0;                                       \
   } while (0)
 
+#define EVAL(count)                                                                          \
+  (dl ? evaluate_global(&m, dl, scratch, x->data, comm, (count), inp, tgt) \
+      : evaluate(&m, x->data, comm, (count), inp, tgt))
+
 static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   run_ctx *x = arg;
   const train_config *c = x->cfg;
@@ -161,9 +213,14 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   int ok = 1;
   gpt_model m;
   distro_optim *opt = NULL;
+  distro_diloco *dl = NULL;
+  real *scratch = NULL; /* DiLoCo: the local parameters while the global copy is evaluated */
   FILE *log = NULL;
   uint8_t *inp = malloc((size_t)B * T), *tgt = malloc((size_t)B * T);
   distro_status s = DISTRO_OK;
+  /* The optimizer's communicator: the world, or with DiLoCo this rank's learner. */
+  distro_comm *icomm = x->inner_comms ? x->inner_comms[rank] : comm;
+  distro_comm *ocomm = x->outer_comms ? x->outer_comms[rank] : NULL;
 
   /* Threads: this rank thread gets its own OpenMP team size (the setting is
    * per thread, so in-process ranks do not share it). */
@@ -173,12 +230,25 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   memset(&m, 0, sizeof m);
   const distro_options o = make_options(c);
   if (!inp || !tgt || gpt_init(&m, &c->model, B, c->seed) != 0) FAIL("out of memory for the model");
-  if (ok && (s = distro_optim_create(&o, comm, &opt)) != DISTRO_OK)
+  if (ok && (s = distro_optim_create(&o, icomm, &opt)) != DISTRO_OK)
     FAIL("distro_optim_create: %s: %s", distro_status_string(s), distro_last_error());
   for (int i = 0; ok && i < m.ntensors; i++) {
     const gpt_tensor *t = &m.tensors[i];
     s = distro_optim_add_param(opt, t->name, m.params + t->offset, m.grads + t->offset, t->ndim, t->shape);
     if (s != DISTRO_OK) FAIL("distro_optim_add_param: %s: %s", distro_status_string(s), distro_last_error());
+  }
+  if (ok && c->optim == GPT_OPT_DILOCO) {
+    if (!(scratch = malloc(sizeof(real) * m.nparams))) FAIL("out of memory for the model");
+    else if ((s = distro_diloco_create(&c->diloco, opt, ocomm, &dl)) != DISTRO_OK)
+      FAIL("distro_diloco_create: %s: %s", distro_status_string(s), distro_last_error());
+    const int radial = c->diloco.merge == DISTRO_MERGE_RADIAL || c->diloco.merge == DISTRO_MERGE_RADIAL_TOKENS;
+    for (int i = 0; ok && radial && i < m.ntensors; i++) {
+      /* Embedding rows that a window never touched have no direction to average. */
+      const char *name = m.tensors[i].name;
+      if (strcmp(name, "wte") && strcmp(name, "wpe") && strcmp(name, "head")) continue;
+      if ((s = distro_diloco_set_tensor(dl, name, -1, DISTRO_DILOCO_PLAIN_MERGE)) != DISTRO_OK)
+        FAIL("distro_diloco_set_tensor: %s: %s", distro_status_string(s), distro_last_error());
+    }
   }
   if (ok && lead && c->log_path) {
     log = fopen(c->log_path, c->resume_path ? "a" : "w");
@@ -213,7 +283,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   uint64_t tot_sent = 0, tot_recv = 0; /* all ranks */
   uint64_t my_sent = 0, my_recv = 0;   /* this rank */
   double t_begin = gpt_now(), step_sum = 0, optim_sum = 0, exch_sum = 0;
-  double iv_tokens = 0, iv_time = 0;
+  double iv_tokens = 0, iv_time = 0, peak_sent = 0;
   float loss_mean = NAN;
   if (lead) {
     res->nevals = 0;
@@ -222,7 +292,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   }
 
   if (start == 0 && c->eval_every > 0) { /* the starting point of the validation curve */
-    const double v0 = evaluate(&m, x->data, comm, eval_count, inp, tgt);
+    const double v0 = EVAL(eval_count);
     if (lead) {
       res->eval_step[res->nevals] = 0;
       res->eval_loss[res->nevals++] = v0;
@@ -237,9 +307,20 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     const float gnorm = clip_grad(&m, c->clip);
     const float lr = lr_at(c, step);
     distro_step_stats st;
-    s = distro_optim_step(opt, lr, &st);
+    if (dl) {
+      /* The learners' traffic counts as the step's: inner plus outer. */
+      distro_diloco_stats ds;
+      s = distro_diloco_step(dl, lr, (uint64_t)B * T, &ds);
+      st = ds.inner;
+      st.bytes_sent += ds.outer_bytes_sent;
+      st.bytes_received += ds.outer_bytes_received;
+      st.seconds_total += ds.seconds_outer;
+    } else {
+      s = distro_optim_step(opt, lr, &st);
+    }
     if (s != DISTRO_OK) { /* every rank fails together: report once */
-      FAIL("step %d: distro_optim_step: %s: %s", step + 1, distro_status_string(s), distro_last_error());
+      FAIL("step %d: %s: %s: %s", step + 1, dl ? "distro_diloco_step" : "distro_optim_step", distro_status_string(s),
+           distro_last_error());
       who = 0;
       goto done;
     }
@@ -263,12 +344,14 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       goto done;
     }
     loss_mean = red[0] / (float)world;
-    tot_sent += ((uint64_t)red[2] << 16) + (uint64_t)red[3];
+    const uint64_t step_sent = ((uint64_t)red[2] << 16) + (uint64_t)red[3];
+    if ((double)step_sent / world > peak_sent) peak_sent = (double)step_sent / world;
+    tot_sent += step_sent;
     tot_recv += ((uint64_t)red[4] << 16) + (uint64_t)red[5];
     const int done_steps = step + 1;
     double val = NAN;
     if ((c->eval_every > 0 && done_steps % c->eval_every == 0) || done_steps == stop) {
-      val = evaluate(&m, x->data, comm, eval_count, inp, tgt);
+      val = EVAL(eval_count);
       if (lead && res->nevals < (int)(sizeof res->eval_step / sizeof *res->eval_step)) {
         res->eval_step[res->nevals] = done_steps;
         res->eval_loss[res->nevals++] = val;
@@ -298,8 +381,28 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     if (lead) res->steps_done = done_steps;
   }
 
-  /* The whole validation split, once training is complete. */
+  /* The whole validation split, once training is complete. DiLoCo first
+   * merges what every fragment learned since its last sync, so all learners
+   * hold the same model (its bytes count too). */
   double final_val = NAN;
+  if (dl && stop == c->steps) {
+    distro_diloco_stats ds;
+    s = distro_diloco_sync_all(dl, &ds);
+    if (s != DISTRO_OK) {
+      FAIL("distro_diloco_sync_all: %s: %s", distro_status_string(s), distro_last_error());
+      who = 0;
+      goto done;
+    }
+    float red[4] = {(float)(ds.outer_bytes_sent >> 16), (float)(ds.outer_bytes_sent & 0xffff),
+                    (float)(ds.outer_bytes_received >> 16), (float)(ds.outer_bytes_received & 0xffff)};
+    if (distro_comm_allreduce_sum(comm, red, 4) != DISTRO_OK) {
+      FAIL("all-reduce of the byte counts failed: %s", distro_last_error());
+      who = 0;
+      goto done;
+    }
+    tot_sent += ((uint64_t)red[0] << 16) + (uint64_t)red[1];
+    tot_recv += ((uint64_t)red[2] << 16) + (uint64_t)red[3];
+  }
   if (stop == c->steps) {
     final_val = evaluate(&m, x->data, comm, corpus_val_windows(x->data, T), inp, tgt);
     if (lead && !c->quiet) {
@@ -316,6 +419,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     const double nsteps = stop - (double)start;
     res->sent_per_step = nsteps > 0 ? (double)tot_sent / world / nsteps : 0;
     res->recv_per_step = nsteps > 0 ? (double)tot_recv / world / nsteps : 0;
+    res->peak_sent = peak_sent;
     res->wall = gpt_now() - t_begin;
     res->step_seconds = step_sum;
     res->optim_seconds = optim_sum;
@@ -331,11 +435,76 @@ done:
     else fprintf(stderr, "gpt: %s\n", err);
   }
   if (log) fclose(log);
+  distro_diloco_free(dl);
+  free(scratch);
   distro_optim_free(opt);
   gpt_free(&m);
   free(inp);
   free(tgt);
   return who == -1 ? DISTRO_OK : DISTRO_ERR_INVALID;
+}
+
+static void free_learner_comms(distro_comm *comm, int world, run_ctx *x) {
+  (void)comm;
+  for (int i = 0; i < world && x->inner_comms; i++) distro_comm_free(x->inner_comms[i]);
+  for (int i = 0; i < world && x->outer_comms; i++) distro_comm_free(x->outer_comms[i]);
+  free(x->inner_comms);
+  free(x->outer_comms);
+  x->inner_comms = x->outer_comms = NULL;
+}
+
+/* DiLoCo's communicators (docs/diloco.md, "the column design"): world rank
+ * w = m*R + r is rank r of learner m's communicator (size R) and rank m of
+ * column r's (size M). In-process: one local group per learner and per
+ * column, indexed by world rank. MPI: two splits of MPI_COMM_WORLD; only
+ * this process's entry is set. */
+static int make_learner_comms(const train_config *c, distro_comm *comm, int world, run_ctx *x) {
+  const int M = c->learners, R = c->ranks_per_learner;
+  distro_status s = DISTRO_OK;
+  if (M * R != world) {
+    fprintf(stderr, "gpt: --learners %d x --ranks-per-learner %d is %d ranks, but the run has %d\n", M, R, M * R,
+            world);
+    return -1;
+  }
+  const int rank = comm ? distro_comm_rank(comm) : 0;
+  x->inner_comms = calloc((size_t)world, sizeof *x->inner_comms);
+  x->outer_comms = calloc((size_t)world, sizeof *x->outer_comms);
+  distro_comm **tmp = calloc((size_t)(M > R ? M : R), sizeof *tmp);
+  if (!x->inner_comms || !x->outer_comms || !tmp) {
+    free(tmp);
+    fprintf(stderr, "gpt: out of memory\n");
+    return -1;
+  }
+  if (comm) {
+#ifdef DISTRO_WITH_MPI
+    MPI_Comm ic, oc;
+    MPI_Comm_split(MPI_COMM_WORLD, rank / R, rank % R, &ic);
+    MPI_Comm_split(MPI_COMM_WORLD, rank % R, rank / R, &oc);
+    s = distro_comm_mpi(ic, &x->inner_comms[rank]);
+    if (s == DISTRO_OK) s = distro_comm_mpi(oc, &x->outer_comms[rank]);
+    /* distro_comm_mpi duplicates the communicator. */
+    MPI_Comm_free(&ic);
+    MPI_Comm_free(&oc);
+#else
+    s = DISTRO_ERR_INVALID;
+#endif
+  } else {
+    for (int m = 0; s == DISTRO_OK && m < M; m++) {
+      s = distro_comm_local_group(R, tmp);
+      for (int r = 0; s == DISTRO_OK && r < R; r++) x->inner_comms[m * R + r] = tmp[r];
+    }
+    for (int r = 0; s == DISTRO_OK && r < R; r++) {
+      s = distro_comm_local_group(M, tmp);
+      for (int m = 0; s == DISTRO_OK && m < M; m++) x->outer_comms[m * R + r] = tmp[m];
+    }
+  }
+  free(tmp);
+  if (s != DISTRO_OK) {
+    fprintf(stderr, "gpt: cannot build the learners' communicators: %s: %s\n", distro_status_string(s),
+            distro_last_error());
+    return -1;
+  }
+  return 0;
 }
 
 int train_run(const train_config *cfg, const gpt_corpus *data, distro_comm *comm, FILE *out, train_result *res) {
@@ -347,18 +516,24 @@ int train_run(const train_config *cfg, const gpt_corpus *data, distro_comm *comm
     if (!comm || distro_comm_rank(comm) == 0) fprintf(stderr, "gpt: %s\n", err);
     return -1;
   }
-  run_ctx x = {cfg, data, out, res, cfg->threads};
+  run_ctx x = {cfg, data, out, res, cfg->threads, NULL, NULL};
   const int cores = omp_get_num_procs();
+  int rc = -1;
+  if (cfg->optim == GPT_OPT_DILOCO && make_learner_comms(cfg, comm, world, &x) != 0) goto out;
   if (comm) {
     /* One rank per process: its threads are OpenMP's and OpenBLAS's. */
     if (x.threads <= 0) x.threads = cores;
     openblas_set_num_threads(x.threads);
-    return rank_main(comm, distro_comm_rank(comm), &x) == DISTRO_OK ? 0 : -1;
+    rc = rank_main(comm, distro_comm_rank(comm), &x) == DISTRO_OK ? 0 : -1;
+    goto out;
   }
   if (x.threads <= 0) x.threads = cores / world > 1 ? cores / world : 1;
   /* openblas_set_num_threads is process-wide. With several rank threads each
    * calling sgemm at once, OpenBLAS's own pool would serialise them (or
    * oversubscribe the cores), so each call runs on its caller's thread. */
   openblas_set_num_threads(world > 1 ? 1 : x.threads);
-  return distro_comm_run_local(world, rank_main, &x) == DISTRO_OK ? 0 : -1;
+  rc = distro_comm_run_local(world, rank_main, &x) == DISTRO_OK ? 0 : -1;
+out:
+  free_learner_comms(comm, world, &x);
+  return rc;
 }

@@ -13,11 +13,14 @@
 typedef enum {
   GPT_OPT_ADAMW,        /* baseline: gradient all-reduce + AdamW (DISTRO_ALG_ADAMW) */
   GPT_OPT_DISTRO,       /* DeMo: DCT + top-k momentum exchange, sign update */
-  GPT_OPT_DISTRO_ADAMW  /* DisTrO-AdamW: the same exchange feeding AdamW */
+  GPT_OPT_DISTRO_ADAMW, /* DisTrO-AdamW: the same exchange feeding AdamW */
+  GPT_OPT_DILOCO        /* DiLoCo: learners with one of the above inside, outer Nesterov step */
 } gpt_optim_kind;
 
 const char *optim_name(gpt_optim_kind k);
 const char *values_name(distro_values v);
+const char *outer_codec_name(distro_outer_codec k);
+const char *merge_name(distro_merge k);
 
 typedef struct {
   gpt_config model;
@@ -37,6 +40,13 @@ typedef struct {
   float decay;       /* DeMo momentum decay */
   distro_values values;
 
+  /* DiLoCo (optim == GPT_OPT_DILOCO): `learners` x `ranks_per_learner` ranks,
+   * each learner data-parallel inside with `inner`; the topk/chunk/decay/values
+   * settings above apply to a DisTrO inner optimizer. */
+  gpt_optim_kind inner;
+  int learners, ranks_per_learner;
+  distro_diloco_options diloco;
+
   /* ranks */
   int ranks;         /* in-process ranks (ignored under MPI) */
   int threads;       /* OpenMP threads per rank; 0: cores / ranks */
@@ -51,6 +61,9 @@ typedef struct {
   int print_checksum;
 } train_config;
 
+/* The optimizer of each step: DiLoCo's inner one, or c->optim. */
+gpt_optim_kind step_optim_kind(const train_config *c);
+
 /* What rank 0 measured. */
 typedef struct {
   int steps_done;
@@ -60,6 +73,7 @@ typedef struct {
   double final_val;           /* the whole validation split, after the last step (NAN if stopped early) */
   double last_train;          /* mean over ranks of the last step's loss */
   double sent_per_step, recv_per_step; /* per rank per step, mean over ranks and steps */
+  double peak_sent;           /* the largest per-rank mean of one step */
   uint64_t total_sent, total_recv;     /* all ranks, whole run */
   double wall;                /* seconds, evaluation included */
   double step_seconds;        /* sum of step times (sampling, forward, backward, clip, optimizer) */

@@ -79,6 +79,7 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
   double t0 = distro__now();
   size_t size = distro__payload_encode(o, bad);
   s->seconds_topk += distro__now() - t0;
+  s->seconds_codec += distro__now() - t0;
   if (size == 0) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
 
   /* 2-3. Exchange, then validate and decode everything before applying. */

@@ -205,6 +205,7 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
    * that fails validation fails the step on every rank, or, with
    * drop_invalid_peers, is skipped by every rank alike. */
   for (int r = 0; r < world; r++) o->dropped[r] = 0;
+  const double tdec = distro__now();
   int abort_rank = -1;
   uint32_t abort_tensor = 0;
   for (int r = 0; r < world; r++) {
@@ -226,6 +227,7 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
       o->dropped[r] = 1; /* our own payload too, when it did not survive */
     }
   }
+  s->seconds_codec += distro__now() - tdec;
   if (o->opt.drop_invalid_peers) {
     /* Receivers can disagree (a payload damaged on one link only): agree on
      * the union of what anyone dropped, and on whether anyone must abort. */
