@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <distro/status.h>
+#include <distro/comm.h>
 #include <distro/diloco.h>
 
 #ifdef __cplusplus
@@ -105,6 +106,7 @@ typedef struct distro_sync_merge_info {
   double merge_s;           /* decode, merge, outer step, sends */
   uint64_t bytes_in;        /* report bytes merged */
   uint64_t bytes_out;       /* fragment bytes sent back */
+  uint64_t tokens;          /* tokens the merged reports counted (a data-parallel learner's: all its ranks') */
 } distro_sync_merge_info;
 
 typedef void (*distro_sync_merge_fn)(void *ctx, const distro_sync_merge_info *info);
@@ -148,7 +150,8 @@ DISTRO_API distro_status distro_sync_keygen(const char *path);
 
 /* --------------------------------------------------------------- learner */
 
-#define DISTRO_LEARNER_OPTIONS_VERSION 1
+/* Version 2 added `comm`; version 1 structs (without it) are accepted. */
+#define DISTRO_LEARNER_OPTIONS_VERSION 2
 
 typedef struct distro_learner_options {
   int version;                 /* DISTRO_LEARNER_OPTIONS_VERSION */
@@ -164,6 +167,17 @@ typedef struct distro_learner_options {
                                   report (no step is discarded); 0: overwrite with the global copy (1) */
   distro_sync_log_fn log;
   void *log_ctx;
+  /* A data-parallel learner: the communicator of its ranks (NULL: one
+   * rank). Every rank creates its own distro_learner with its own comm and
+   * the same options, registers the same tensors and makes the same calls:
+   * distro_learner_start and distro_learner_step are then collective over
+   * `comm`. Only rank 0 talks to the syncer (it alone runs the background
+   * thread and serves peers); the other ranks get the joined parameters and
+   * every merged fragment from rank 0 at the same step, so all ranks of the
+   * learner stay bit-identical as long as their inner steps are. The tokens
+   * passed to distro_learner_step are summed over the ranks. The comm must
+   * be used by the calling thread only (as for distro_optim). */
+  distro_comm *comm;
 } distro_learner_options;
 
 DISTRO_API distro_learner_options distro_learner_options_default(void);
@@ -184,6 +198,8 @@ typedef struct distro_learner_stats {
   double step_s;            /* moving average of the time between two calls */
   int connected;            /* heard from the syncer within timeout_s */
   int joined_from_peer;     /* 1: start() pulled the state from a peer, 2: from the syncer, 3: seeded it */
+  uint64_t tokens;          /* tokens counted since start, summed over the learner's ranks */
+  int ranks;                /* the learner's data-parallel ranks (1 without a comm) */
 } distro_learner_stats;
 
 DISTRO_API distro_status distro_learner_create(const distro_learner_options *o, distro_learner **out);
@@ -197,11 +213,17 @@ DISTRO_API distro_status distro_learner_add_tensor(distro_learner *l, const char
  * parameters with a consistent copy of the global fragments pulled from a
  * peer (or from the syncer when no peer is alive). Blocks until joined or
  * join_timeout_s (DISTRO_ERR_TIMEOUT); an ERROR reply (signature) is
- * DISTRO_ERR_SHAPE. */
+ * DISTRO_ERR_SHAPE. With a comm it is collective: rank 0 joins, then every
+ * rank receives rank 0's parameters and fragment layout; a rank whose
+ * tensor list differs from rank 0's fails with DISTRO_ERR_SHAPE on every
+ * rank, and rank 0's failure is every rank's. */
 DISTRO_API distro_status distro_learner_start(distro_learner *l);
-/* Call after every inner optimizer step, `tokens` processed in it. Reports
- * the fragments the syncer asked for and applies merged fragments whose
- * tau steps have passed. Never waits for the network. */
+/* Call after every inner optimizer step, `tokens` processed in it (by this
+ * rank). Reports the fragments the syncer asked for and applies merged
+ * fragments whose tau steps have passed. Never waits for the network (a
+ * data-parallel learner's ranks wait for each other: three small
+ * collectives, plus the merged fragments' values when some are applied).
+ * On every rank of a data-parallel learner the stats are rank 0's. */
 DISTRO_API distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_learner_stats *st);
 DISTRO_API distro_status distro_learner_get_stats(distro_learner *l, distro_learner_stats *st);
 /* The fragment count P and the versions of the fragments in the parameters. */

@@ -5,6 +5,7 @@
  * exchanges data with the training thread through buffers under a mutex
  * (docs/protocol.md). */
 #include <errno.h>
+#include <stddef.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "comm/comm_internal.h"
 #include "common/error.h"
 #include "compress/outer_codec.h"
 #include "sync/sync_internal.h"
@@ -91,7 +93,21 @@ struct distro_learner {
 
   pthread_t th;
   int th_started, mu_init;
+
+  /* Data-parallel learner (opt.comm): rank 0 talks to the syncer. */
+  distro_comm *comm;
+  int rank, nranks;
+  int fr;                   /* fragmenting and max_block from WELCOME (to lay out the other ranks) */
+  int64_t maxb;
+  uint64_t tokens;          /* counted since start, all ranks */
+  uint64_t *ctl;            /* control block broadcast by rank 0 every step */
+  size_t ctl_words;
+  float *stage;             /* the applied fragments' values, packed */
+  uint8_t *bc_tmp;          /* size x BCAST_SLOT bytes for the chunked broadcast */
+  distro_learner_stats mirror; /* ranks > 0: rank 0's stats of the last step */
 };
+
+#define BCAST_SLOT ((size_t)1 << 20)
 
 static void lg(distro_learner *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void lg(distro_learner *l, const char *fmt, ...) {
@@ -114,6 +130,7 @@ distro_learner_options distro_learner_options_default(void) {
   o.timeout_s = 2.0;
   o.join_timeout_s = 30.0;
   o.keep_local = 1;
+  o.comm = NULL;
   return o;
 }
 
@@ -130,9 +147,16 @@ distro_status distro_learner_create(const distro_learner_options *o, distro_lear
   int bad = 0;
   if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_learner_create: out is NULL");
   *out = NULL;
-  if (!o || o->version != DISTRO_LEARNER_OPTIONS_VERSION)
-    return distro__fail(DISTRO_ERR_INVALID, "learner options: NULL or version %d (want %d)", o ? o->version : -1,
-                        DISTRO_LEARNER_OPTIONS_VERSION);
+  if (!o || (o->version != DISTRO_LEARNER_OPTIONS_VERSION && o->version != 1))
+    return distro__fail(DISTRO_ERR_INVALID, "learner options: NULL or version %d (want 1 or %d)",
+                        o ? o->version : -1, DISTRO_LEARNER_OPTIONS_VERSION);
+  distro_learner_options oo = distro_learner_options_default();
+  /* Version 1 ends before `comm`. */
+  memcpy(&oo, o, o->version == 1 ? offsetof(distro_learner_options, comm) : sizeof oo);
+  o = &oo;
+  if (o->comm && (distro_comm_size(o->comm) < 1 || distro_comm_rank(o->comm) < 0))
+    return distro__fail(DISTRO_ERR_INVALID, "learner options: comm has size %d, rank %d",
+                        distro_comm_size(o->comm), distro_comm_rank(o->comm));
   if (!o->syncer || o->learner_id < 0 || o->learner_id >= 256 || !o->serve_endpoint)
     return distro__fail(DISTRO_ERR_INVALID, "learner options: need a syncer endpoint, learner_id in [0, 256) and "
                                             "a serve endpoint");
@@ -153,6 +177,9 @@ distro_status distro_learner_create(const distro_learner_options *o, distro_lear
   l->opt.serve_endpoint = l->s_serve;
   l->opt.curve_server_key = l->s_server_key;
   l->opt.curve_keypair = l->s_keypair;
+  l->comm = o->comm;
+  l->rank = o->comm ? distro_comm_rank(o->comm) : 0;
+  l->nranks = o->comm ? distro_comm_size(o->comm) : 1;
   if (pthread_mutex_init(&l->mu, NULL) != 0) DISTRO_FAIL(DISTRO_ERR_NOMEM, "pthread_mutex_init failed");
   if (pthread_cond_init(&l->cv, NULL) != 0) {
     pthread_mutex_destroy(&l->mu);
@@ -427,7 +454,7 @@ static void on_welcome(bg *b, const distro__sy_msg *m, const uint8_t *pl, size_t
       st = distro__sy_layout_build(&l->L, l->nt, numel, flags, l->signature, (int)P, (distro_fragmenting)fr, maxb,
                                    (distro_outer_codec)codec, (int)block);
       if (st == DISTRO_OK) st = alloc_buffers(l);
-      if (st == DISTRO_OK) l->have_layout = 1, l->tau = (int)tau;
+      if (st == DISTRO_OK) l->have_layout = 1, l->tau = (int)tau, l->fr = (int)fr, l->maxb = maxb;
       pthread_mutex_unlock(&l->mu);
     }
     free(numel);
@@ -787,6 +814,139 @@ out:
   return NULL;
 }
 
+/* ------------------------------------------- data-parallel learner ranks */
+
+/* Rank 0's `bytes` at buf reach every rank's buf, in chunks of BCAST_SLOT
+ * through the communicator's variable all-gather (the other ranks send
+ * nothing). */
+static distro_status dp_bcast(distro_learner *l, void *buf, size_t bytes) {
+  size_t sizes[256];
+  for (size_t off = 0; off < bytes; off += BCAST_SLOT) {
+    const size_t n = bytes - off < BCAST_SLOT ? bytes - off : BCAST_SLOT;
+    uint8_t *b = (uint8_t *)buf + off;
+    distro_status st = l->comm->ops->allgatherv(l->comm, b, l->rank == 0 ? n : 0, l->bc_tmp, BCAST_SLOT, sizes);
+    if (st != DISTRO_OK) return st;
+    if (sizes[0] != n)
+      return distro__fail(DISTRO_ERR_COMM, "learner %d rank %d: broadcast of %zu bytes got %zu", l->opt.learner_id,
+                          l->rank, n, sizes[0]);
+    if (l->rank != 0) memcpy(b, l->bc_tmp, n);
+  }
+  return DISTRO_OK;
+}
+
+/* Control words a data-parallel step broadcasts: applied count, requested
+ * count, (fragment, version, keep-local) per apply, fragment per request,
+ * then rank 0's stats. */
+static size_t ctl_words(int P) { return 2 + 4 * (size_t)P + (sizeof(distro_learner_stats) + 7) / 8; }
+
+static distro_status dp_alloc(distro_learner *l) {
+  l->ctl_words = ctl_words(l->L.P);
+  l->ctl = calloc(l->ctl_words, 8);
+  l->stage = calloc((size_t)l->L.total, sizeof(float));
+  if (!l->ctl || !l->stage) return distro__fail(DISTRO_ERR_NOMEM, "out of memory");
+  return DISTRO_OK;
+}
+
+/* After rank 0 joined (ok) or failed: every rank gets the layout settings,
+ * the versions and the parameters. */
+static distro_status dp_start(distro_learner *l, int ok) {
+  distro_status st;
+  uint64_t h[9] = {0};
+  if (l->rank == 0 && ok)
+    h[0] = 1, h[1] = (uint64_t)l->L.P, h[2] = (uint64_t)l->fr, h[3] = (uint64_t)l->maxb, h[4] = (uint64_t)l->L.codec,
+    h[5] = (uint64_t)l->L.block, h[6] = (uint64_t)l->tau, h[7] = (uint64_t)l->join_source,
+    h[8] = (uint64_t)l->L.total;
+  if ((st = dp_bcast(l, h, sizeof h)) != DISTRO_OK) return st;
+  if (!h[0]) {
+    if (l->rank == 0) return DISTRO_OK; /* its own error stands */
+    return distro__fail(DISTRO_ERR_COMM, "learner %d rank %d: rank 0 could not join the syncer", l->opt.learner_id,
+                        l->rank);
+  }
+  if (l->rank != 0) {
+    int64_t *numel = malloc(sizeof *numel * (size_t)l->nt);
+    unsigned *flags = malloc(sizeof *flags * (size_t)l->nt);
+    st = DISTRO_ERR_NOMEM;
+    if (numel && flags) {
+      for (int i = 0; i < l->nt; i++) numel[i] = l->t[i].numel, flags[i] = l->t[i].flags;
+      st = distro__sy_layout_build(&l->L, l->nt, numel, flags, l->signature, (int)h[1], (distro_fragmenting)h[2],
+                                   (int64_t)h[3], (distro_outer_codec)h[4], (int)h[5]);
+    }
+    free(numel);
+    free(flags);
+    if (st != DISTRO_OK) return distro__fail(st, "learner %d rank %d: cannot lay out the model as rank 0 did",
+                                             l->opt.learner_id, l->rank);
+    if ((int64_t)h[8] != l->L.total)
+      return distro__fail(DISTRO_ERR_SHAPE, "learner %d rank %d: %lld parameters, rank 0 has %lld", l->opt.learner_id,
+                          l->rank, (long long)l->L.total, (long long)h[8]);
+    if ((st = alloc_buffers(l)) != DISTRO_OK) return st;
+    l->have_layout = 1;
+    l->tau = (int)h[6];
+    l->join_source = (int)h[7];
+  }
+  if ((st = dp_alloc(l)) != DISTRO_OK) return st;
+  if ((st = dp_bcast(l, l->version, 8 * (size_t)l->L.P)) != DISTRO_OK) return st;
+  if ((st = dp_bcast(l, l->base, sizeof(float) * (size_t)l->L.total)) != DISTRO_OK) return st;
+  if (l->rank != 0) {
+    for (int p = 0; p < l->L.P; p++) distro__sy_scatter(&l->L, p, l->base + l->L.frag_off[p], l->tp);
+    memcpy(l->snap, l->base, sizeof(float) * (size_t)l->L.total);
+    memset(&l->mirror, 0, sizeof l->mirror);
+    l->mirror.reported = -1;
+    l->mirror.goodput = 1;
+    l->mirror.joined_from_peer = l->join_source;
+    l->mirror.ranks = l->nranks;
+    l->mirror.connected = 1;
+  }
+  return DISTRO_OK;
+}
+
+/* Ranks > 0: apply what rank 0 applied, snapshot what it reported. */
+static distro_status dp_follow(distro_learner *l, distro_learner_stats *out) {
+  distro_status st;
+  if ((st = dp_bcast(l, l->ctl, 8 * l->ctl_words)) != DISTRO_OK) return st;
+  const int P = l->L.P, na = (int)l->ctl[0], nr = (int)l->ctl[1];
+  if (na < 0 || na > P || nr < 0 || nr > P)
+    return distro__fail(DISTRO_ERR_COMM, "learner %d rank %d: bad control block", l->opt.learner_id, l->rank);
+  const uint64_t *ap = l->ctl + 2, *rq = l->ctl + 2 + 3 * (size_t)P;
+  size_t packed = 0;
+  for (int k = 0; k < na; k++) {
+    if (ap[3 * k] >= (uint64_t)P)
+      return distro__fail(DISTRO_ERR_COMM, "learner %d rank %d: bad control block", l->opt.learner_id, l->rank);
+    packed += (size_t)l->L.frags.numel[ap[3 * k]];
+  }
+  if (packed && (st = dp_bcast(l, l->stage, sizeof(float) * packed)) != DISTRO_OK) return st;
+  size_t off = 0;
+  for (int k = 0; k < na; k++) {
+    const int p = (int)ap[3 * k];
+    const int64_t n = l->L.frags.numel[p], o = l->L.frag_off[p];
+    const float *in = l->stage + off;
+    float *th = l->scratch;
+    distro__sy_gather(&l->L, p, l->tp, th);
+    if (ap[3 * k + 2]) {
+      const float *sn = l->snap + o;
+      for (int64_t j = 0; j < n; j++) th[j] = in[j] + (th[j] - sn[j]);
+    } else {
+      memcpy(th, in, sizeof(float) * (size_t)n);
+    }
+    distro__sy_scatter(&l->L, p, th, l->tp);
+    memcpy(l->base + o, in, sizeof(float) * (size_t)n);
+    l->version[p] = ap[3 * k + 1];
+    off += (size_t)n;
+  }
+  for (int k = 0; k < nr; k++) {
+    const int p = (int)rq[k];
+    if (p < 0 || p >= P)
+      return distro__fail(DISTRO_ERR_COMM, "learner %d rank %d: bad control block", l->opt.learner_id, l->rank);
+    distro__sy_gather(&l->L, p, l->tp, l->snap + l->L.frag_off[p]);
+  }
+  memcpy(&l->mirror, l->ctl + 2 + 4 * (size_t)P, sizeof l->mirror);
+  l->tstep = l->mirror.step;
+  l->reports = l->mirror.reports;
+  l->applies = l->mirror.applies;
+  l->tokens = l->mirror.tokens;
+  if (out) *out = l->mirror;
+  return DISTRO_OK;
+}
+
 /* ------------------------------------------------------ training thread */
 
 distro_status distro_learner_start(distro_learner *l) {
@@ -801,8 +961,33 @@ distro_status distro_learner_start(distro_learner *l) {
     h = fnv(h, &l->t[i].flags, sizeof l->t[i].flags);
   }
   l->signature = h;
-  if (pthread_create(&l->th, NULL, bg_main, l) != 0)
-    return distro__fail(DISTRO_ERR_NOMEM, "cannot start the learner's background thread");
+  if (l->comm) {
+    /* Every rank must have registered the same tensors. */
+    uint64_t mine[2], sig[2 * 256];
+    if (l->nranks > 256) return distro__fail(DISTRO_ERR_INVALID, "a learner has at most 256 ranks");
+    l->bc_tmp = malloc(BCAST_SLOT * (size_t)l->nranks);
+    mine[0] = h;
+    mine[1] = l->bc_tmp != NULL;
+    if ((st = distro_comm_allgather(l->comm, mine, sizeof mine, sig)) != DISTRO_OK) return st;
+    for (int r = 0; r < l->nranks; r++) /* every rank sees every failure: all fail together */
+      if (!sig[2 * r + 1])
+        return distro__fail(DISTRO_ERR_NOMEM, "learner %d: rank %d is out of memory", l->opt.learner_id, r);
+    for (int r = 1; r < l->nranks; r++)
+      if (sig[2 * r] != sig[0])
+        return distro__fail(DISTRO_ERR_SHAPE, "learner %d: rank %d registered other tensors than rank 0",
+                            l->opt.learner_id, r);
+    if (l->rank != 0) {
+      if ((st = dp_start(l, 0)) != DISTRO_OK) return st;
+      l->started = 1;
+      l->last_call = distro__sy_now();
+      return DISTRO_OK;
+    }
+  }
+  if (pthread_create(&l->th, NULL, bg_main, l) != 0) {
+    st = distro__fail(DISTRO_ERR_NOMEM, "cannot start the learner's background thread");
+    if (l->comm) dp_start(l, 0);
+    return st;
+  }
   l->th_started = 1;
   struct timespec dl;
   clock_gettime(CLOCK_REALTIME, &dl);
@@ -824,6 +1009,11 @@ distro_status distro_learner_start(distro_learner *l) {
     memcpy(l->snap, l->base, sizeof(float) * (size_t)l->L.total);
   }
   pthread_mutex_unlock(&l->mu);
+  if (l->comm) {
+    /* Collective even when this rank failed, so the others learn of it. */
+    const distro_status bs = dp_start(l, js == J_DONE);
+    if (js == J_DONE && bs != DISTRO_OK) return bs;
+  }
   if (js == J_FAILED) DISTRO_FAIL(l->join_st, "learner %d: %s", l->opt.learner_id, l->join_msg);
   if (js != J_DONE)
     DISTRO_FAIL(DISTRO_ERR_TIMEOUT, "learner %d: no answer from the syncer at '%s' within %.1f s (wrong key?)",
@@ -862,6 +1052,8 @@ static void fill_stats(distro_learner *l, distro_learner_stats *st) {
   pthread_mutex_unlock(&l->mu);
   st->goodput = l->useful + l->wasted > 0 ? l->useful / (l->useful + l->wasted) : 1.0;
   st->step_s = l->step_ema;
+  st->tokens = l->tokens;
+  st->ranks = l->nranks;
 }
 
 distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_learner_stats *out) {
@@ -870,7 +1062,19 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
   memset(&s, 0, sizeof s);
   s.reported = -1;
   if (!l || !l->started) return distro__fail(DISTRO_ERR_INVALID, "distro_learner_step before distro_learner_start");
+  if (l->comm) {
+    uint64_t all[256];
+    if ((st = distro_comm_allgather(l->comm, &tokens, sizeof tokens, all)) != DISTRO_OK) return st;
+    tokens = 0;
+    for (int r = 0; r < l->nranks; r++) tokens += all[r];
+    if (l->rank != 0) return dp_follow(l, out);
+  }
+  l->tokens += tokens;
   const int P = l->L.P;
+  /* Data-parallel: what the other ranks must repeat (see dp_follow). */
+  uint64_t *ctl_ap = l->comm ? l->ctl + 2 : NULL, *ctl_rq = l->comm ? l->ctl + 2 + 3 * (size_t)P : NULL;
+  size_t packed = 0;
+  int nctl_req = 0;
   const double now = distro__sy_now(), dt = now - l->last_call;
   l->last_call = now;
   l->step_ema = l->tstep ? 0.9 * l->step_ema + 0.1 * dt : dt;
@@ -900,13 +1104,21 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
       float *th = l->scratch;
       const float *in = l->incoming + o;
       distro__sy_gather(&l->L, p, l->tp, th);
-      if (l->opt.keep_local && l->rep_pending[p]) {
+      const int keep = l->opt.keep_local && l->rep_pending[p];
+      if (keep) {
         const float *sn = l->snap + o;
         for (int64_t j = 0; j < n; j++) th[j] = in[j] + (th[j] - sn[j]);
       } else {
         memcpy(th, in, sizeof(float) * (size_t)n);
       }
       distro__sy_scatter(&l->L, p, th, l->tp);
+      if (ctl_ap) {
+        ctl_ap[3 * napplied] = (uint64_t)p;
+        ctl_ap[3 * napplied + 1] = l->in_version[p];
+        ctl_ap[3 * napplied + 2] = (uint64_t)keep;
+        memcpy(l->stage + packed, in, sizeof(float) * (size_t)n);
+        packed += (size_t)n;
+      }
       memcpy(l->base + o, in, sizeof(float) * (size_t)n);
       l->version[p] = l->in_version[p];
       l->in_new[p] = 0;
@@ -947,6 +1159,7 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
     float *th = l->scratch;
     distro__sy_gather(&l->L, p, l->tp, th);
     memcpy(l->snap + o, th, sizeof(float) * (size_t)n);
+    if (ctl_rq) ctl_rq[nctl_req++] = (uint64_t)p;
     int finite = 1;
     for (int64_t j = 0; j < n; j++) {
       th[j] = l->base[o + j] - th[j];
@@ -1000,11 +1213,25 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
   }
   fill_stats(l, &s);
   if (out) *out = s;
+  if (l->comm) {
+    l->ctl[0] = (uint64_t)napplied;
+    l->ctl[1] = (uint64_t)nctl_req;
+    memcpy(l->ctl + 2 + 4 * (size_t)P, &s, sizeof s);
+    distro_status bs = dp_bcast(l, l->ctl, 8 * l->ctl_words);
+    if (bs == DISTRO_OK && packed) bs = dp_bcast(l, l->stage, sizeof(float) * packed);
+    if (bs != DISTRO_OK) return bs;
+  }
   return st;
 }
 
 distro_status distro_learner_get_stats(distro_learner *l, distro_learner_stats *st) {
   if (!l || !st) return distro__fail(DISTRO_ERR_INVALID, "distro_learner_get_stats: NULL argument");
+  if (l->comm && l->rank != 0) {
+    *st = l->mirror;
+    st->reported = -1;
+    st->applied = 0;
+    return DISTRO_OK;
+  }
   memset(st, 0, sizeof *st);
   st->reported = -1;
   fill_stats(l, st);
@@ -1035,6 +1262,9 @@ void distro_learner_free(distro_learner *l) {
     l->out_head = n;
   }
   free_buffers(l);
+  free(l->ctl);
+  free(l->stage);
+  free(l->bc_tmp);
   for (int i = 0; i < l->nt; i++) free(l->t[i].name);
   free(l->t);
   free(l->tp);

@@ -583,7 +583,7 @@ static void merge(distro_syncer *s, int p, double now) {
     F->open = 0;
     return;
   }
-  uint64_t bytes_in = 0;
+  uint64_t bytes_in = 0, tokens = 0;
   uint32_t mask = 0;
   for (int i = 0; i < nr; i++) {
     const sy_report *rp = &F->rep[i];
@@ -598,6 +598,7 @@ static void merge(distro_syncer *s, int p, double now) {
         for (int64_t j = 0; j < n; j++) d[j] += F->global[j] - old[j];
     }
     tok[i] = rp->tokens;
+    tokens += (uint64_t)rp->tokens;
     stp[i] = rp->steps;
     bytes_in += s->L.frag_bytes[p] + DISTRO__SY_HEADER;
     if (rp->learner < 32) mask |= 1u << rp->learner;
@@ -675,6 +676,7 @@ static void merge(distro_syncer *s, int p, double now) {
   info.merge_s = t1 - t0;
   info.bytes_in = bytes_in;
   info.bytes_out = bytes_out;
+  info.tokens = tokens;
   char ids[160];
   size_t o = 0;
   ids[0] = 0;
@@ -682,10 +684,10 @@ static void merge(distro_syncer *s, int p, double now) {
     o += (size_t)snprintf(ids + o, sizeof ids - o, "%s%d%s", k ? "," : "", F->rep[k].learner, F->rep[k].late ? "*" : "");
   distro__syncer_log(s,
                      "merge frag=%d version=%llu round=%llu quorum=%d live=%d participants=%d ids=%s "
-                     "to_quorum=%.4f grace=%.4f waited=%.4f merge=%.5f bytes_in=%llu bytes_out=%llu",
+                     "to_quorum=%.4f grace=%.4f waited=%.4f merge=%.5f bytes_in=%llu bytes_out=%llu tokens=%llu",
                      p, (unsigned long long)F->version, (unsigned long long)F->round, info.quorum, live, nr, ids,
                      info.time_to_quorum_s, info.grace_s, info.waited_s, info.merge_s,
-                     (unsigned long long)bytes_in, (unsigned long long)bytes_out);
+                     (unsigned long long)bytes_in, (unsigned long long)bytes_out, (unsigned long long)tokens);
   if (s->merge_fn) s->merge_fn(s->merge_ctx, &info);
   drop_reports(F);
   F->open = 0;
