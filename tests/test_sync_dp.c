@@ -35,6 +35,8 @@ typedef struct dp_ctx {
   distro_learner_stats last[2];
   uint64_t versions[2][8];
   int differs_from_local;
+  int global_equal;       /* distro_learner_get_global: the same on both ranks */
+  distro_status global_bad_size;
 } dp_ctx;
 
 /* 1 if every rank holds the same bytes in theta (collective). */
@@ -93,6 +95,14 @@ static distro_status dp_rank(distro_comm *c, int rank, void *arg) {
     if (!ranks_equal(c, theta)) mism++;
   }
   x->last[rank] = s;
+  float glob[N];
+  int gok = distro_learner_get_global(l, "w", glob, NW) == DISTRO_OK &&
+            distro_learner_get_global(l, "b", glob + NW, N / 4) == DISTRO_OK;
+  const int geq = ranks_equal(c, glob);
+  if (rank == 0) {
+    x->global_equal = gok && geq;
+    x->global_bad_size = distro_learner_get_global(l, "b", glob, N);
+  }
   distro_learner_versions(l, x->versions[rank], distro_learner_fragments(l));
   if (rank == 0) {
     x->steps = t;
@@ -145,6 +155,8 @@ Test(sync_dp, two_ranks_stay_identical_and_report_summed_tokens) {
   cr_expect_geq(x.last[0].applies, 6, "only %llu merged fragments applied in %ld steps",
                 (unsigned long long)x.last[0].applies, x.steps);
   cr_expect_eq(x.mismatches, 0, "the ranks' parameters differed after %ld of %ld steps", x.mismatches, x.checks);
+  cr_expect(x.global_equal, "distro_learner_get_global failed or differs between the ranks");
+  cr_expect_eq(x.global_bad_size, DISTRO_ERR_SHAPE);
   cr_expect(x.differs_from_local, "the merges changed nothing: the test would not see a missing broadcast");
   for (int r = 0; r < 2; r++) {
     cr_expect_eq(x.last[r].tokens, 131ull * (unsigned long long)x.steps, "rank %d: %llu tokens after %ld steps", r,

@@ -229,6 +229,12 @@ DISTRO_API distro_status distro_learner_get_stats(distro_learner *l, distro_lear
 /* The fragment count P and the versions of the fragments in the parameters. */
 DISTRO_API int distro_learner_fragments(const distro_learner *l);
 DISTRO_API distro_status distro_learner_versions(const distro_learner *l, uint64_t *versions, int P);
+/* The global copy of tensor `name` (numel floats) as this learner last
+ * applied it: each fragment at the version distro_learner_versions gives
+ * (the syncer's copy as of this learner's last merges, without its local
+ * progress). Any rank of a data-parallel learner. */
+DISTRO_API distro_status distro_learner_get_global(const distro_learner *l, const char *name, float *out,
+                                                   int64_t numel);
 /* Says goodbye, stops the thread. Accepts NULL. */
 DISTRO_API void distro_learner_free(distro_learner *l);
 

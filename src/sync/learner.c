@@ -1247,6 +1247,25 @@ distro_status distro_learner_versions(const distro_learner *l, uint64_t *v, int 
   return DISTRO_OK;
 }
 
+distro_status distro_learner_get_global(const distro_learner *l, const char *name, float *out, int64_t numel) {
+  if (!l || !name || !out || !l->started)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_learner_get_global: NULL argument or not started");
+  int idx = -1;
+  for (int i = 0; i < l->nt; i++)
+    if (strcmp(l->t[i].name, name) == 0) idx = i;
+  if (idx < 0) return distro__fail(DISTRO_ERR_INVALID, "distro_learner_get_global: no tensor '%s'", name);
+  if (numel != l->t[idx].numel)
+    return distro__fail(DISTRO_ERR_SHAPE, "distro_learner_get_global: '%s' has %lld elements, not %lld", name,
+                        (long long)l->t[idx].numel, (long long)numel);
+  const distro__fragments *f = &l->L.frags;
+  for (int p = 0; p < l->L.P; p++)
+    for (int q = f->start[p]; q < f->start[p + 1]; q++)
+      if (f->pieces[q].tensor == idx)
+        memcpy(out + f->pieces[q].offset, l->base + l->L.frag_off[p] + l->L.piece_elem[q],
+               sizeof(float) * (size_t)f->pieces[q].count);
+  return DISTRO_OK;
+}
+
 void distro_learner_free(distro_learner *l) {
   if (!l) return;
   if (l->th_started) {
