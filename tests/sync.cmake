@@ -23,3 +23,8 @@ if(DISTRO_WITH_SYNC)
     endif()
   endforeach()
 endif()
+# The GPT trainer's decoupled mode runs against a distro-syncer process.
+if(DISTRO_WITH_SYNC AND TARGET test_gpt_train AND GPT_TESTS_ENABLED) # set by tests/gpt.cmake (included first)
+  add_dependencies(test_gpt_train distro-syncer)
+  target_compile_definitions(test_gpt_train PRIVATE SYNC_SYNCER_BIN="$<TARGET_FILE:distro-syncer>")
+endif()

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -215,6 +216,78 @@ Test(gpt_train, diloco_syncs_on_schedule_and_learns) {
   }
 }
 
+#ifdef SYNC_SYNCER_BIN
+/* Decoupled DiLoCo: a distro-syncer process and two gpt-train learners, one
+ * of them data-parallel over 2 ranks and slowed down, the other with
+ * DisTrO as its inner optimizer (PID-free: the shell waits for both). */
+Test(gpt_train, decoupled_learners_join_merge_and_learn) {
+  char cmd[4096], ep[400], epf[400], *out;
+  snprintf(ep, sizeof ep, "ipc://%s/syncer.ipc", dir);
+  snprintf(epf, sizeof epf, "%s/endpoint", dir);
+  const pid_t sp = fork();
+  cr_assert_geq(sp, 0);
+  if (sp == 0) {
+    char log[400];
+    snprintf(log, sizeof log, "%s/syncer.log", dir);
+    if (!freopen(log, "w", stdout)) _exit(126);
+    execl(SYNC_SYNCER_BIN, SYNC_SYNCER_BIN, "--endpoint", ep, "--endpoint-file", epf, "--fragments", "2", "--quorum",
+          "1", "--H", "10", "--overlap", "1", "--timeout", "1", "--heartbeat", "0.1", (char *)NULL);
+    _exit(127);
+  }
+  struct stat sb;
+  for (int i = 0; i < 500 && stat(epf, &sb) != 0; i++) usleep(10000);
+  cr_assert_eq(stat(epf, &sb), 0, "the syncer did not start");
+  const char *common = "--layers 1 --dim 32 --heads 2 --context 32 --batch 4 --threads 1 --eval-batches 2 "
+                       "--steps 150 --eval-every 0 --print-every 50 --optim decoupled";
+  snprintf(cmd, sizeof cmd,
+           "'%s' --data '%s' %s --syncer '%s' --learner-id 0 --ranks 2 --step-delay-ms 6 --log '%s/l0.csv' "
+           "> '%s/l0.out' 2>&1 & "
+           "'%s' --data '%s' %s --syncer '%s' --learner-id 1 --ranks 1 --inner distro --step-delay-ms 3 --log '%s/l1.csv' "
+           "> '%s/l1.out' 2>&1 & "
+           "wait %%1; a=$?; wait %%2; b=$?; cat '%s/l0.out' '%s/l1.out'; exit $((a + b))",
+           GPT_TRAIN, corpus, common, ep, dir, dir, GPT_TRAIN, corpus, common, ep, dir, dir, dir, dir);
+  const int rc = run(cmd, &out);
+  kill(sp, SIGTERM);
+  int ws;
+  waitpid(sp, &ws, 0);
+  cr_assert_eq(rc, 0, "a learner failed (exit %d):\n%s", rc, out);
+  cr_expect(strstr(out, "learner 0 joined the syncer") && strstr(out, "learner 1 joined the syncer"), "%s", out);
+  cr_expect(strstr(out, "(seeded the syncer)") &&
+                (strstr(out, "(state pulled from a peer)") || strstr(out, "(state fetched from the syncer)")),
+            "one learner seeds, the other gets the global copy:\n%s", out);
+  cr_expect(strstr(out, "of the global copy as this learner last applied it"), "%s", out);
+  /* Learner 0's 2 ranks: 2 x 4 x 32 tokens per step; learner 1: 4 x 32. */
+  static const long long tokens[2] = {150 * 2 * 4 * 32, 150 * 4 * 32};
+  for (int l = 0; l < 2; l++) {
+    char csv[400], applies[150][32], tok[150][32], loss[150][32];
+    snprintf(csv, sizeof csv, "%s/l%d.csv", dir, l);
+    cr_assert_eq(csv_column(csv, 15, applies, 150), 150);
+    cr_assert_eq(csv_column(csv, 18, tok, 150), 150);
+    cr_assert_eq(csv_column(csv, 2, loss, 150), 150);
+    cr_expect_geq(atoll(applies[149]), 4, "learner %d applied %s merged fragments", l, applies[149]);
+    cr_expect_eq(atoll(tok[149]), tokens[l], "learner %d counted %s tokens", l, tok[149]);
+    double first = 0, last = 0;
+    for (int s = 0; s < 5; s++) first += atof(loss[s]) / 5, last += atof(loss[145 + s]) / 5;
+    cr_expect(last < first - 0.5, "learner %d: train loss %.3f -> %.3f", l, first, last);
+  }
+  free(out);
+  char log[400];
+  snprintf(log, sizeof log, "%s/syncer.log", dir);
+  FILE *f = fopen(log, "r");
+  cr_assert(f);
+  char line[1024];
+  int merges = 0, both = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (!strstr(line, "merge frag=")) continue;
+    merges++;
+    both += strstr(line, "participants=2") != NULL;
+  }
+  fclose(f);
+  cr_expect_geq(merges, 4, "the syncer merged %d times", merges);
+  cr_expect_geq(both, 1, "no merge had both learners");
+}
+#endif
+
 /* ---- errors ------------------------------------------------------------ */
 
 /* Runs with `args` (no --data unless given), expects exit `code` and `msg` in the output. */
@@ -249,6 +322,21 @@ Test(gpt_errors, bad_flags) {
   expect_error("--optim diloco --merge median", 2, "--merge: 'median' is not one of mean, tokens, radial");
   expect_error("--optim diloco --inner sgd", 2, "--inner: 'sgd' is not one of adamw, distro, distro-adamw");
   expect_error("--optim diloco --save x.bin", 2, "--save and --resume do not support --optim diloco");
+  /* Decoupled DiLoCo */
+  expect_error("--syncer ipc:///tmp/x.ipc", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
+  expect_error("--optim adamw --step-delay-ms 5", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
+  expect_error("--optim decoupled --syncer ipc:///tmp/x.ipc", 2, "--optim decoupled needs --syncer ENDPOINT and --learner-id N");
+  expect_error("--optim decoupled --learner-id 1", 2, "--optim decoupled needs --syncer ENDPOINT and --learner-id N");
+  expect_error("--optim decoupled --syncer ipc:///tmp/x.ipc --learner-id 256", 2, "--learner-id must be <= 255");
+  expect_error("--optim decoupled --syncer ipc:///tmp/x.ipc --learner-id -1", 2, "--learner-id must be >= 0");
+  expect_error("--optim decoupled --syncer ipc:///tmp/x.ipc --learner-id 1 --H 5", 2, "the syncer holds them");
+  expect_error("--optim decoupled --syncer ipc:///tmp/x.ipc --learner-id 1 --save x.bin", 2,
+               "--save and --resume do not support --optim decoupled");
+  expect_error("--optim decoupled --syncer ipc:///tmp/x.ipc --learner-id 1 --steps 10 --start-step 10", 2,
+               "--start-step must be < --steps");
+  expect_error("--compare --optim decoupled", 2, "--compare does not take --optim decoupled");
+  expect_error("--optim adamw --inner distro", 2, "--inner is a DiLoCo setting");
+  expect_error("--optim decoupled --inner sgd", 2, "--inner: 'sgd' is not one of adamw, distro, distro-adamw");
   char *out;
   char cmd[600];
   snprintf(cmd, sizeof cmd, "'%s' --help", GPT_TRAIN);

@@ -48,8 +48,9 @@ static void usage(FILE *f) {
 "  --untied            separate output head (default: tied to the token embedding)\n"
 "optimizer\n"
 "  --optim NAME        adamw (gradient all-reduce + AdamW), distro (DeMo sign update),\n"
-"                      distro-adamw (DisTrO exchange feeding AdamW) or diloco (learners\n"
-"                      with one of those inside, and an outer step); default distro\n"
+"                      distro-adamw (DisTrO exchange feeding AdamW), diloco (learners\n"
+"                      with one of those inside, and an outer step) or decoupled (one\n"
+"                      learner of a distro-syncer job); default distro\n"
 "  --lr X              peak learning rate (default: the optimizer's, below)\n"
 "  --lr-final F        final lr as a fraction of the peak (0.1)\n"
 "  --warmup N          linear warm-up steps (default: the optimizer's fraction of the steps)\n"
@@ -77,6 +78,16 @@ static void usage(FILE *f) {
 "  --outer-codec C     outer gradients as f32, bf16, int8, int4 or fp4 (int4)\n"
 "  --merge M           mean, tokens, radial or radial-tokens (mean)\n"
 "  --progress-thread   run each sync on a helper thread while inner steps continue\n"
+"Decoupled DiLoCo (--optim decoupled; python-free-examples/decoupled/README.md)\n"
+"                      this run is one learner of a job held by distro-syncer (which\n"
+"                      sets the fragments, H, codec, merge and outer step); its --ranks\n"
+"                      are one data-parallel learner, only rank 0 talks to the syncer\n"
+"  --syncer ENDPOINT   the syncer's ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH)\n"
+"  --learner-id N      this learner's id in the job, 0..255, unique\n"
+"  --inner NAME        the inner optimizer over the learner's ranks (adamw)\n"
+"  --step-delay-ms X   sleep X ms after each step (emulates a slower learner)\n"
+"  --time-limit S      stop after S seconds (final validation included)\n"
+"  --start-step N      begin the lr schedule at step N (a learner restarted mid-run)\n"
 "training\n"
 "  --steps N           optimizer steps (300)\n"
 "  --batch N           sequences per rank per step (8)\n"
@@ -166,7 +177,7 @@ int main(int argc, char **argv) {
   c.learners = 4;
   c.ranks_per_learner = 1;
   c.diloco = distro_diloco_options_default();
-  int ranks_given = 0, diloco_flags = 0;
+  int ranks_given = 0, diloco_flags = 0, inner_given = 0, decoupled_flags = 0, id_given = 0;
   c.eval_every = 25;
   c.eval_batches = 4;
   c.print_every = 10;
@@ -194,7 +205,8 @@ int main(int argc, char **argv) {
         "--threads", "--eval-every", "--eval-batches", "--print-every", "--log",   "--save",       "--save-every",
         "--resume", "--stop-after", "--plot",      "--inner",    "--learners", "--ranks-per-learner",
         "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
-        "--outer-codec", "--merge"};
+        "--outer-codec", "--merge", "--syncer", "--learner-id", "--step-delay-ms", "--time-limit",
+        "--start-step"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(a, valued[k]);
     if (!known) return bad("unknown option '%s'%s", a, "");
@@ -211,13 +223,14 @@ int main(int argc, char **argv) {
       else if (!strcmp(v, "distro")) c.optim = GPT_OPT_DISTRO;
       else if (!strcmp(v, "distro-adamw")) c.optim = GPT_OPT_DISTRO_ADAMW;
       else if (!strcmp(v, "diloco")) c.optim = GPT_OPT_DILOCO;
-      else return bad("--optim: '%s' is not one of adamw, distro, distro-adamw, diloco%s", v, "");
+      else if (!strcmp(v, "decoupled")) c.optim = GPT_OPT_DECOUPLED;
+      else return bad("--optim: '%s' is not one of adamw, distro, distro-adamw, diloco, decoupled%s", v, "");
     } else if (!strcmp(a, "--inner")) {
       if (!strcmp(v, "adamw")) c.inner = GPT_OPT_ADAMW;
       else if (!strcmp(v, "distro")) c.inner = GPT_OPT_DISTRO;
       else if (!strcmp(v, "distro-adamw")) c.inner = GPT_OPT_DISTRO_ADAMW;
       else return bad("--inner: '%s' is not one of adamw, distro, distro-adamw%s", v, "");
-      ov.inner = diloco_flags = 1;
+      ov.inner = inner_given = 1;
     } else if (!strcmp(a, "--learners")) { rc = parse_int(a, v, 1, &c.learners); ov.learners = diloco_flags = 1; }
     else if (!strcmp(a, "--ranks-per-learner")) {
       rc = parse_int(a, v, 1, &c.ranks_per_learner);
@@ -282,6 +295,22 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--resume")) c.resume_path = v;
     else if (!strcmp(a, "--stop-after")) rc = parse_int(a, v, 1, &c.stop_after);
     else if (!strcmp(a, "--plot")) plot_path = v;
+    else if (!strcmp(a, "--syncer")) { c.syncer = v; decoupled_flags = 1; }
+    else if (!strcmp(a, "--learner-id")) {
+      rc = parse_int(a, v, 0, &c.learner_id);
+      if (!rc && c.learner_id > 255) return bad("--learner-id must be <= 255%s%s", "", "");
+      decoupled_flags = id_given = 1;
+    } else if (!strcmp(a, "--step-delay-ms")) {
+      float f = 0;
+      rc = parse_float(a, v, 0, &f);
+      c.step_delay_ms = f;
+      decoupled_flags = 1;
+    } else if (!strcmp(a, "--time-limit")) {
+      float f = 0;
+      rc = parse_float(a, v, 0, &f);
+      c.time_limit = f;
+      decoupled_flags = 1;
+    } else if (!strcmp(a, "--start-step")) { rc = parse_int(a, v, 0, &c.start_step); decoupled_flags = 1; }
     (void)tmp;
     if (rc) return rc;
   }
@@ -297,11 +326,43 @@ int main(int argc, char **argv) {
     return bad("--compare does not take --save, --resume or --stop-after%s%s", "", "");
   if (c.stop_after && !c.save_path)
     return bad("--stop-after needs --save (where to continue from)%s%s", "", "");
-  if (!compare) apply_variant(&c, tuned_variant(c.optim), &ov);
+  if (decoupled_flags && (compare || c.optim != GPT_OPT_DECOUPLED))
+    return bad("--syncer, --learner-id, --step-delay-ms, --time-limit and --start-step are Decoupled DiLoCo "
+               "settings: add --optim decoupled%s%s", "", "");
+  if (inner_given && !compare && c.optim != GPT_OPT_DILOCO && c.optim != GPT_OPT_DECOUPLED)
+    return bad("--inner is a DiLoCo setting: add --optim diloco or --optim decoupled%s%s", "", "");
+  if (c.optim == GPT_OPT_DECOUPLED) {
+    if (compare) return bad("--compare does not take --optim decoupled (run the launcher in "
+                            "python-free-examples/decoupled/)%s%s", "", "");
+    if (!c.syncer || !id_given)
+      return bad("--optim decoupled needs --syncer ENDPOINT and --learner-id N%s%s", "", "");
+    if (diloco_flags)
+      return bad("--learners, --ranks-per-learner, --H, --fragments, --overlap, --alpha, --outer-*, --merge and "
+                 "--progress-thread are not gpt-train settings with --optim decoupled: the syncer holds them "
+                 "(distro-syncer --fragments, --H, --overlap, --codec, --merge, --outer-lr, ...)%s%s", "", "");
+    if (c.save_path || c.resume_path)
+      return bad("--save and --resume do not support --optim decoupled: the global copy and outer state live in "
+                 "the syncer (distro-syncer --checkpoint); a restarted learner rejoins from a peer (use "
+                 "--start-step)%s%s", "", "");
+    if (c.start_step >= c.steps) return bad("--start-step must be < --steps%s%s", "", "");
+#ifndef DISTRO_WITH_SYNC
+    return bad("--optim decoupled: this build has no syncer (libzmq was not found when the library was "
+               "built)%s%s", "", "");
+#endif
+  }
+  if (!compare) {
+    if (c.optim == GPT_OPT_DECOUPLED) {
+      /* The inner optimizer's tuned settings. */
+      apply_variant(&c, tuned_variant(c.inner), &ov);
+      c.optim = GPT_OPT_DECOUPLED;
+    } else {
+      apply_variant(&c, tuned_variant(c.optim), &ov);
+    }
+  }
   if (c.warmup > c.steps) return bad("--warmup must be <= --steps%s%s", "", "");
   if (c.optim == GPT_OPT_ADAMW && !compare && (ov.topk || ov.chunk || ov.decay || ov.values))
     return bad("--topk, --chunk, --decay and --values are DisTrO settings; --optim adamw takes none%s%s", "", "");
-  if (diloco_flags && !compare && c.optim != GPT_OPT_DILOCO)
+  if (diloco_flags && !compare && c.optim != GPT_OPT_DILOCO && c.optim != GPT_OPT_DECOUPLED)
     return bad("--inner, --learners, --ranks-per-learner, --H, --fragments, --overlap, --alpha, --outer-*, "
                "--merge and --progress-thread are DiLoCo settings: add --optim diloco%s%s", "", "");
   if (c.optim == GPT_OPT_DILOCO && !compare) {
@@ -354,6 +415,9 @@ int main(int argc, char **argv) {
       train_result res;
       if (lead && !c.quiet) {
         printf("optimizer: %s, lr %g", optim_name(c.optim), (double)c.lr);
+        if (c.optim == GPT_OPT_DECOUPLED)
+          printf(", learner %d of the syncer at %s, %d rank(s), inner %s%s", c.learner_id, c.syncer, c.ranks,
+                 optim_name(c.inner), c.step_delay_ms > 0 ? ", slowed down" : "");
         if (c.optim == GPT_OPT_DILOCO)
           printf(", %d learners x %d rank(s), inner %s, H %d, %d fragment(s), overlap %d, %s outer gradients, "
                  "%s merge, outer lr %g, momentum %g",

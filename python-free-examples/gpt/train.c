@@ -8,6 +8,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef DISTRO_WITH_MPI
 #include <distro/mpi.h>
@@ -24,6 +25,7 @@ const char *optim_name(gpt_optim_kind k) {
     case GPT_OPT_DISTRO: return "distro";
     case GPT_OPT_DISTRO_ADAMW: return "distro-adamw";
     case GPT_OPT_DILOCO: return "diloco";
+    case GPT_OPT_DECOUPLED: return "decoupled";
   }
   return "?";
 }
@@ -129,7 +131,48 @@ static double evaluate(gpt_model *m, const gpt_corpus *d, distro_comm *comm, siz
 }
 
 /* The per-step optimizer: DiLoCo's inner one, or the only one. */
-gpt_optim_kind step_optim_kind(const train_config *c) { return c->optim == GPT_OPT_DILOCO ? c->inner : c->optim; }
+gpt_optim_kind step_optim_kind(const train_config *c) {
+  return c->optim == GPT_OPT_DILOCO || c->optim == GPT_OPT_DECOUPLED ? c->inner : c->optim;
+}
+
+#ifdef DISTRO_WITH_SYNC
+/* Decoupled DiLoCo: validates the global copy this learner last applied
+ * (distro_learner_get_global); the local parameters wait in `scratch`. */
+static double evaluate_learner_global(gpt_model *m, distro_learner *l, real *scratch, const gpt_corpus *d,
+                                      distro_comm *comm, size_t count, uint8_t *inp, uint8_t *tgt) {
+  memcpy(scratch, m->params, sizeof(real) * m->nparams);
+  double v = NAN;
+  int ok = 1;
+  for (int i = 0; ok && i < m->ntensors; i++) {
+    const gpt_tensor *t = &m->tensors[i];
+    ok = distro_learner_get_global(l, t->name, m->params + t->offset, (int64_t)t->numel) == DISTRO_OK;
+  }
+  if (first_failed_rank(comm, ok) == -1) v = evaluate(m, d, comm, count, inp, tgt);
+  memcpy(m->params, scratch, sizeof(real) * m->nparams);
+  return v;
+}
+
+/* The learner's event lines (join, syncer silent, errors) go to stderr. */
+static void learner_log(void *ctx, const char *line) {
+  (void)ctx;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  fprintf(stderr, "[%.3f] %s\n", (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec, line);
+}
+#endif
+
+static double unix_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_ms(double ms) {
+  if (ms <= 0) return;
+  struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000.0) * 1e6)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
 
 /* DiLoCo validates the global copy: the consensus model, the same on every
  * learner. The local parameters are set aside in `scratch` meanwhile. */
@@ -179,16 +222,16 @@ static ckpt_meta make_meta(const train_config *c, int world) {
 /* Bytes: this rank's, in this step and since the start. */
 static void print_progress(const run_ctx *x, int step, float loss, double val, double tok_s,
                            const distro_step_stats *st, uint64_t tot_sent, uint64_t tot_recv, double elapsed,
-                           double eta) {
+                           double eta, const char *extra) {
   const train_config *c = x->cfg;
   char b1[32], b2[32], b3[32], b4[32], d1[32], d2[32];
   FILE *o = x->out;
   if (c->label) fprintf(o, "[%s] ", c->label);
   fprintf(o, "step %*d/%d | loss %.4f", (int)snprintf(NULL, 0, "%d", c->steps), step, c->steps, loss);
   if (!isnan(val)) fprintf(o, " | val %.4f", val);
-  fprintf(o, " | %.0f tok/s | sent %s recv %s (total %s / %s) | %s elapsed, ETA %s\n", tok_s,
+  fprintf(o, " | %.0f tok/s | sent %s recv %s (total %s / %s)%s | %s elapsed, ETA %s\n", tok_s,
           fmt_bytes(b1, sizeof b1, (double)st->bytes_sent), fmt_bytes(b2, sizeof b2, (double)st->bytes_received),
-          fmt_bytes(b3, sizeof b3, (double)tot_sent), fmt_bytes(b4, sizeof b4, (double)tot_recv),
+          fmt_bytes(b3, sizeof b3, (double)tot_sent), fmt_bytes(b4, sizeof b4, (double)tot_recv), extra,
           fmt_duration(d1, sizeof d1, elapsed), fmt_duration(d2, sizeof d2, eta));
   fflush(o);
 }
@@ -214,6 +257,13 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   gpt_model m;
   distro_optim *opt = NULL;
   distro_diloco *dl = NULL;
+#ifdef DISTRO_WITH_SYNC
+  distro_learner *lrn = NULL;
+  distro_learner_stats ls;
+  memset(&ls, 0, sizeof ls);
+  ls.goodput = 1;
+#endif
+  const int decoupled = c->optim == GPT_OPT_DECOUPLED;
   real *scratch = NULL; /* DiLoCo: the local parameters while the global copy is evaluated */
   FILE *log = NULL;
   uint8_t *inp = malloc((size_t)B * T), *tgt = malloc((size_t)B * T);
@@ -250,6 +300,45 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
         FAIL("distro_diloco_set_tensor: %s: %s", distro_status_string(s), distro_last_error());
     }
   }
+#ifdef DISTRO_WITH_SYNC
+  if (ok && decoupled) {
+    /* The learner's ranks are this run's ranks; rank 0 talks to the syncer. */
+    distro_learner_options lo = distro_learner_options_default();
+    lo.syncer = c->syncer;
+    lo.learner_id = c->learner_id;
+    lo.comm = comm;
+    lo.log = learner_log;
+    if (!(scratch = malloc(sizeof(real) * m.nparams))) FAIL("out of memory for the model");
+    else if ((s = distro_learner_create(&lo, &lrn)) != DISTRO_OK)
+      FAIL("distro_learner_create: %s: %s", distro_status_string(s), distro_last_error());
+    for (int i = 0; ok && i < m.ntensors; i++) {
+      /* Embedding rows that a window never touched have no direction to average (radial merges). */
+      const gpt_tensor *t = &m.tensors[i];
+      const unsigned fl =
+          !strcmp(t->name, "wte") || !strcmp(t->name, "wpe") || !strcmp(t->name, "head") ? DISTRO_DILOCO_PLAIN_MERGE : 0;
+      if ((s = distro_learner_add_tensor(lrn, t->name, m.params + t->offset, (int64_t)t->numel, fl)) != DISTRO_OK)
+        FAIL("distro_learner_add_tensor: %s: %s", distro_status_string(s), distro_last_error());
+    }
+  }
+  /* Collective: every rank joins (or fails) together. */
+  if (first_failed_rank(comm, ok) == -1 && decoupled) {
+    if ((s = distro_learner_start(lrn)) != DISTRO_OK)
+      FAIL("distro_learner_start (learner %d, syncer %s): %s: %s", c->learner_id, c->syncer, distro_status_string(s),
+           distro_last_error());
+    else if (lead && !c->quiet) {
+      distro_learner_get_stats(lrn, &ls);
+      if (c->label) fprintf(x->out, "[%s] ", c->label);
+      fprintf(x->out, "learner %d joined the syncer at %s (%s), %d fragment(s)\n", c->learner_id, c->syncer,
+              ls.joined_from_peer == 1   ? "state pulled from a peer"
+              : ls.joined_from_peer == 2 ? "state fetched from the syncer"
+                                         : "seeded the syncer",
+              distro_learner_fragments(lrn));
+      fflush(x->out);
+    }
+  }
+#else
+  if (decoupled) FAIL("--optim decoupled: this build has no syncer (libzmq was not found)");
+#endif
   if (ok && lead && c->log_path) {
     log = fopen(c->log_path, c->resume_path ? "a" : "w");
     if (!log) FAIL("cannot open log file '%s'", c->log_path);
@@ -262,8 +351,12 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   const ckpt_meta meta = make_meta(c, world);
   size_t lo, hi;
   corpus_shard(x->data, rank, world, &lo, &hi);
-  gpt_rng rng = rng_make(c->seed, 1000 + (uint64_t)rank); /* the data order: seed and rank only */
-  int64_t start = 0;
+  /* The data order: seed and rank only (a decoupled learner: also its id and first step). */
+  gpt_rng rng = rng_make(c->seed, 1000 + (uint64_t)rank +
+                                      (decoupled ? 100000 * (uint64_t)(c->learner_id + 1) +
+                                                       10000000 * (uint64_t)c->start_step
+                                                 : 0));
+  int64_t start = decoupled ? c->start_step : 0;
   if (c->resume_path) {
     who = checkpoint_load(comm, c->resume_path, &meta, &start, &m, opt, &rng.s, err, sizeof err);
     if (who != -1) goto done;
@@ -275,7 +368,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   }
   if (log && fseek(log, 0, SEEK_END) == 0 && ftell(log) == 0) /* new file (a resume appends) */
     fprintf(log, "step,lr,train_loss,val_loss,grad_norm,tokens,bytes_sent,bytes_recv,total_sent,total_recv,"
-                 "step_s,optim_s,exchange_s,elapsed_s\n");
+                 "step_s,optim_s,exchange_s,elapsed_s%s\n",
+            decoupled ? ",unix_s,applies,reports,goodput,learner_tokens,bytes_up,bytes_down" : "");
 
   const int stop = c->stop_after > 0 && c->stop_after < c->steps ? c->stop_after : c->steps;
   const size_t eval_count = (size_t)c->eval_batches * (size_t)B;
@@ -285,6 +379,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   double t_begin = gpt_now(), step_sum = 0, optim_sum = 0, exch_sum = 0;
   double iv_tokens = 0, iv_time = 0, peak_sent = 0;
   float loss_mean = NAN;
+  int timed_out = 0;
   if (lead) {
     res->nevals = 0;
     res->world = world;
@@ -318,9 +413,15 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     } else {
       s = distro_optim_step(opt, lr, &st);
     }
+#ifdef DISTRO_WITH_SYNC
+    if (lrn && s == DISTRO_OK) {
+      sleep_ms(c->step_delay_ms);
+      s = distro_learner_step(lrn, (uint64_t)B * T, &ls);
+    }
+#endif
     if (s != DISTRO_OK) { /* every rank fails together: report once */
-      FAIL("step %d: %s: %s: %s", step + 1, dl ? "distro_diloco_step" : "distro_optim_step", distro_status_string(s),
-           distro_last_error());
+      FAIL("step %d: %s: %s: %s", step + 1, dl ? "distro_diloco_step" : decoupled ? "distro_optim_step or distro_learner_step" : "distro_optim_step",
+           distro_status_string(s), distro_last_error());
       who = 0;
       goto done;
     }
@@ -336,9 +437,11 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     /* The loss and gradient norm averaged over ranks, and this step's bytes
      * summed over ranks (payload sizes vary with the data), for the log.
      * Byte counts travel as 16-bit halves so the float sums stay exact. */
-    float red[6] = {loss, gnorm, (float)(st.bytes_sent >> 16), (float)(st.bytes_sent & 0xffff),
-                    (float)(st.bytes_received >> 16), (float)(st.bytes_received & 0xffff)};
-    if (distro_comm_allreduce_sum(comm, red, 6) != DISTRO_OK) {
+    /* The 7th: rank 0's clock says --time-limit is reached (all ranks stop at this step). */
+    const int out_of_time = lead && c->time_limit > 0 && gpt_now() - t_begin >= c->time_limit;
+    float red[7] = {loss, gnorm, (float)(st.bytes_sent >> 16), (float)(st.bytes_sent & 0xffff),
+                    (float)(st.bytes_received >> 16), (float)(st.bytes_received & 0xffff), (float)out_of_time};
+    if (distro_comm_allreduce_sum(comm, red, 7) != DISTRO_OK) {
       FAIL("all-reduce of the loss failed: %s", distro_last_error());
       who = 0;
       goto done;
@@ -349,8 +452,9 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     tot_sent += step_sent;
     tot_recv += ((uint64_t)red[4] << 16) + (uint64_t)red[5];
     const int done_steps = step + 1;
+    const int time_up = red[6] > 0 && done_steps < stop;
     double val = NAN;
-    if ((c->eval_every > 0 && done_steps % c->eval_every == 0) || done_steps == stop) {
+    if ((c->eval_every > 0 && done_steps % c->eval_every == 0) || done_steps == stop || time_up) {
       val = EVAL(eval_count);
       if (lead && res->nevals < (int)(sizeof res->eval_step / sizeof *res->eval_step)) {
         res->eval_step[res->nevals] = done_steps;
@@ -358,16 +462,35 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       }
     }
     const double elapsed = gpt_now() - t_begin;
-    if (lead && log)
-      fprintf(log, "%d,%.9g,%.9g,%.9g,%.9g,%.0f,%llu,%llu,%llu,%llu,%.6f,%.6f,%.6f,%.3f\n", done_steps, lr,
+    char extra[160] = "";
+#ifdef DISTRO_WITH_SYNC
+    if (lrn) {
+      char ls_line[40];
+      snprintf(extra, sizeof extra, " | syncer: %llu applied, %llu reported, up %s, goodput %.3f",
+               (unsigned long long)ls.applies, (unsigned long long)ls.reports,
+               fmt_bytes(ls_line, sizeof ls_line, (double)ls.bytes_up), ls.goodput);
+    }
+#endif
+    if (lead && log) {
+      fprintf(log, "%d,%.9g,%.9g,%.9g,%.9g,%.0f,%llu,%llu,%llu,%llu,%.6f,%.6f,%.6f,%.3f", done_steps, lr,
               loss_mean, val, red[1] / (float)world, (double)done_steps * tokens_per_step,
               (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received,
               (unsigned long long)tot_sent, (unsigned long long)tot_recv, dt, st.seconds_total,
               st.seconds_exchange, elapsed);
+#ifdef DISTRO_WITH_SYNC
+      if (lrn)
+        fprintf(log, ",%.3f,%llu,%llu,%.6f,%llu,%llu,%llu", unix_now(), (unsigned long long)ls.applies,
+                (unsigned long long)ls.reports, ls.goodput, (unsigned long long)ls.tokens,
+                (unsigned long long)ls.bytes_up, (unsigned long long)ls.bytes_down);
+#endif
+      fprintf(log, "\n");
+      if (decoupled) fflush(log); /* a learner may be SIGKILLed: the launcher reads what it did */
+    }
     if (lead && !c->quiet &&
-        (done_steps % c->print_every == 0 || !isnan(val) || done_steps == stop || step == start)) {
+        (done_steps % c->print_every == 0 || !isnan(val) || done_steps == stop || step == start || time_up)) {
       const double eta = elapsed / (done_steps - (double)start) * (stop - done_steps);
-      print_progress(x, done_steps, loss_mean, val, iv_tokens / iv_time, &st, my_sent, my_recv, elapsed, eta);
+      print_progress(x, done_steps, loss_mean, val, iv_tokens / iv_time, &st, my_sent, my_recv, elapsed, eta,
+                     extra);
       iv_tokens = iv_time = 0;
     }
     if (c->save_path && ((c->save_every > 0 && done_steps % c->save_every == 0) || done_steps == stop)) {
@@ -379,7 +502,16 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       }
     }
     if (lead) res->steps_done = done_steps;
+    if (time_up) {
+      timed_out = 1;
+      if (lead && !c->quiet) {
+        if (c->label) fprintf(x->out, "[%s] ", c->label);
+        fprintf(x->out, "time limit %.0f s reached after step %d\n", c->time_limit, done_steps);
+      }
+      break;
+    }
   }
+
 
   /* The whole validation split, once training is complete. DiLoCo first
    * merges what every fragment learned since its last sync, so all learners
@@ -403,13 +535,27 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     tot_sent += ((uint64_t)red[0] << 16) + (uint64_t)red[1];
     tot_recv += ((uint64_t)red[2] << 16) + (uint64_t)red[3];
   }
-  if (stop == c->steps) {
+  double global_val = NAN;
+  if (stop == c->steps || timed_out) {
     final_val = evaluate(&m, x->data, comm, corpus_val_windows(x->data, T), inp, tgt);
     if (lead && !c->quiet) {
       if (c->label) fprintf(x->out, "[%s] ", c->label);
-      fprintf(x->out, "final val loss %.4f (whole validation split, %zu windows of %d bytes)\n", final_val,
-              corpus_val_windows(x->data, T), T);
+      fprintf(x->out, "final val loss %.4f (whole validation split, %zu windows of %d bytes)%s\n", final_val,
+              corpus_val_windows(x->data, T), T, decoupled ? ", this learner's parameters" : "");
     }
+#ifdef DISTRO_WITH_SYNC
+    if (lrn) {
+      global_val = evaluate_learner_global(&m, lrn, scratch, x->data, comm, corpus_val_windows(x->data, T), inp, tgt);
+      distro_learner_get_stats(lrn, &ls);
+      if (lead && !c->quiet) {
+        if (c->label) fprintf(x->out, "[%s] ", c->label);
+        fprintf(x->out, "final val loss %.4f of the global copy as this learner last applied it; learner %d: "
+                        "%lld steps, %llu fragments applied, %llu reported, goodput %.4f, %llu tokens\n",
+                global_val, c->learner_id, (long long)ls.step, (unsigned long long)ls.applies,
+                (unsigned long long)ls.reports, ls.goodput, (unsigned long long)ls.tokens);
+      }
+    }
+#endif
   }
   if (lead) {
     res->final_val = final_val;
@@ -426,6 +572,12 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     res->exchange_seconds = exch_sum;
     res->tokens_per_s = step_sum > 0 ? (stop - (double)start) * tokens_per_step / step_sum : 0;
     res->checksum = gpt_param_checksum(&m);
+    res->global_val = global_val;
+#ifdef DISTRO_WITH_SYNC
+    res->goodput = ls.goodput;
+    res->applies = ls.applies;
+    res->reports = ls.reports;
+#endif
     if (c->print_checksum) fprintf(x->out, "param checksum %016llx\n", (unsigned long long)res->checksum);
   }
   who = -1;
@@ -435,6 +587,9 @@ done:
     else fprintf(stderr, "gpt: %s\n", err);
   }
   if (log) fclose(log);
+#ifdef DISTRO_WITH_SYNC
+  distro_learner_free(lrn);
+#endif
   distro_diloco_free(dl);
   free(scratch);
   distro_optim_free(opt);

@@ -14,7 +14,8 @@ typedef enum {
   GPT_OPT_ADAMW,        /* baseline: gradient all-reduce + AdamW (DISTRO_ALG_ADAMW) */
   GPT_OPT_DISTRO,       /* DeMo: DCT + top-k momentum exchange, sign update */
   GPT_OPT_DISTRO_ADAMW, /* DisTrO-AdamW: the same exchange feeding AdamW */
-  GPT_OPT_DILOCO        /* DiLoCo: learners with one of the above inside, outer Nesterov step */
+  GPT_OPT_DILOCO,       /* DiLoCo: learners with one of the above inside, outer Nesterov step */
+  GPT_OPT_DECOUPLED     /* Decoupled DiLoCo: this process is one learner of a job run by distro-syncer */
 } gpt_optim_kind;
 
 const char *optim_name(gpt_optim_kind k);
@@ -46,6 +47,16 @@ typedef struct {
   gpt_optim_kind inner;
   int learners, ranks_per_learner;
   distro_diloco_options diloco;
+
+  /* Decoupled DiLoCo (optim == GPT_OPT_DECOUPLED): this run is learner
+   * `learner_id` of the job the syncer at `syncer` holds (fragments, H,
+   * codec and the outer step are the syncer's settings); its `ranks` are
+   * one data-parallel learner with `inner` inside. */
+  const char *syncer;
+  int learner_id;
+  double step_delay_ms; /* sleep this long after each step (a slower learner) */
+  double time_limit;    /* > 0: stop after this many seconds (at a step all ranks agree on) */
+  int start_step;       /* begin the schedule here (a learner restarted mid-run) */
 
   /* ranks */
   int ranks;         /* in-process ranks (ignored under MPI) */
@@ -80,6 +91,10 @@ typedef struct {
   double optim_seconds;       /* sum of distro_step_stats.seconds_total */
   double exchange_seconds;    /* of which in the collective (waiting for peers included) */
   double tokens_per_s;        /* all ranks, training steps only */
+  /* Decoupled DiLoCo */
+  double goodput;             /* distro_learner_stats.goodput at the end */
+  uint64_t applies, reports;  /* merged fragments applied, reports sent */
+  double global_val;          /* final validation of the global copy this learner last applied */
   uint64_t checksum;          /* gpt_param_checksum at the end */
   size_t nparams;
   int world;

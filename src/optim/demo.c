@@ -32,7 +32,9 @@ static void compress_tensor(distro_optim *o, distro__param *p, float s, distro_s
 
 /* Aggregate every rank's decoded selection for tensor i into coef: per
  * coefficient the mean over the ranks that selected it, summed in rank order
- * so the result does not depend on thread count. Dropped ranks are skipped. */
+ * so the result does not depend on thread count. Dropped ranks are skipped.
+ * cnt is all zero on entry and on return: only the selected positions are
+ * touched, so neither a memset nor a pass over the whole tile is needed. */
 static void aggregate_tensor(const distro_optim *o, int i, float *coef, uint16_t *cnt) {
   const distro__tiling *t = &o->tilings[i];
   const int world = o->comm->size;
@@ -40,10 +42,7 @@ static void aggregate_tensor(const distro_optim *o, int i, float *coef, uint16_t
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < t->nchunks; c++) {
     const int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
-    for (int64_t b = 0; b < t->h; b++) {
-      memset(coef + (r0 + b) * t->cols + c0, 0, sizeof(float) * (size_t)t->w);
-      memset(cnt + (r0 + b) * t->cols + c0, 0, sizeof(uint16_t) * (size_t)t->w);
-    }
+    for (int64_t b = 0; b < t->h; b++) memset(coef + (r0 + b) * t->cols + c0, 0, sizeof(float) * (size_t)t->w);
     for (int r = 0; r < world; r++) {
       if (o->dropped[r]) continue;
       const size_t base = (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i];
@@ -56,11 +55,17 @@ static void aggregate_tensor(const distro_optim *o, int i, float *coef, uint16_t
         cnt[at]++;
       }
     }
-    for (int64_t b = 0; b < t->h; b++)
-      for (int64_t d = 0; d < t->w; d++) {
-        int64_t at = (r0 + b) * t->cols + c0 + d;
+    /* Divide each selected coefficient once (the first visit clears cnt). */
+    for (int r = 0; r < world; r++) {
+      if (o->dropped[r]) continue;
+      const uint32_t *ri = o->dec_idx + (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i];
+      for (int64_t j = c * k; j < (c + 1) * k; j++) {
+        uint32_t ix = ri[j];
+        int64_t at = (r0 + ix / t->w) * t->cols + c0 + ix % t->w;
         if (cnt[at] > 1) coef[at] /= (float)cnt[at];
+        cnt[at] = 0;
       }
+    }
   }
 }
 
