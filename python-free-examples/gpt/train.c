@@ -135,21 +135,31 @@ gpt_optim_kind step_optim_kind(const train_config *c) {
   return c->optim == GPT_OPT_DILOCO || c->optim == GPT_OPT_DECOUPLED ? c->inner : c->optim;
 }
 
-#ifdef DISTRO_WITH_SYNC
-/* Decoupled DiLoCo: validates the global copy this learner last applied
- * (distro_learner_get_global); the local parameters wait in `scratch`. */
-static double evaluate_learner_global(gpt_model *m, distro_learner *l, real *scratch, const gpt_corpus *d,
-                                      distro_comm *comm, size_t count, uint8_t *inp, uint8_t *tgt) {
+/* Validates a global copy, tensor by tensor from `get` (DiLoCo's or a
+ * decoupled learner's); the local parameters wait in `scratch`. */
+typedef distro_status (*get_global_fn)(void *src, const char *name, float *out, int64_t numel);
+static double evaluate_copy(gpt_model *m, get_global_fn get, void *src, real *scratch, const gpt_corpus *d,
+                            distro_comm *comm, size_t count, uint8_t *inp, uint8_t *tgt) {
   memcpy(scratch, m->params, sizeof(real) * m->nparams);
   double v = NAN;
   int ok = 1;
   for (int i = 0; ok && i < m->ntensors; i++) {
     const gpt_tensor *t = &m->tensors[i];
-    ok = distro_learner_get_global(l, t->name, m->params + t->offset, (int64_t)t->numel) == DISTRO_OK;
+    ok = get(src, t->name, m->params + t->offset, (int64_t)t->numel) == DISTRO_OK;
   }
   if (first_failed_rank(comm, ok) == -1) v = evaluate(m, d, comm, count, inp, tgt);
   memcpy(m->params, scratch, sizeof(real) * m->nparams);
   return v;
+}
+
+static distro_status diloco_global(void *src, const char *name, float *out, int64_t numel) {
+  return distro_diloco_get_global(src, name, out, numel);
+}
+
+#ifdef DISTRO_WITH_SYNC
+/* Decoupled DiLoCo: the global copy this learner last applied. */
+static distro_status learner_global(void *src, const char *name, float *out, int64_t numel) {
+  return distro_learner_get_global(src, name, out, numel);
 }
 
 /* The learner's event lines (join, syncer silent, errors) go to stderr. */
@@ -175,19 +185,10 @@ static void sleep_ms(double ms) {
 }
 
 /* DiLoCo validates the global copy: the consensus model, the same on every
- * learner. The local parameters are set aside in `scratch` meanwhile. */
+ * learner. */
 static double evaluate_global(gpt_model *m, distro_diloco *dl, real *scratch, const gpt_corpus *d,
                               distro_comm *comm, size_t count, uint8_t *inp, uint8_t *tgt) {
-  memcpy(scratch, m->params, sizeof(real) * m->nparams);
-  double v = NAN;
-  int ok = 1;
-  for (int i = 0; ok && i < m->ntensors; i++) {
-    const gpt_tensor *t = &m->tensors[i];
-    ok = distro_diloco_get_global(dl, t->name, m->params + t->offset, (int64_t)t->numel) == DISTRO_OK;
-  }
-  if (first_failed_rank(comm, ok) == -1) v = evaluate(m, d, comm, count, inp, tgt);
-  memcpy(m->params, scratch, sizeof(real) * m->nparams);
-  return v;
+  return evaluate_copy(m, diloco_global, dl, scratch, d, comm, count, inp, tgt);
 }
 
 static distro_options make_options(const train_config *c) {
@@ -545,7 +546,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     }
 #ifdef DISTRO_WITH_SYNC
     if (lrn) {
-      global_val = evaluate_learner_global(&m, lrn, scratch, x->data, comm, corpus_val_windows(x->data, T), inp, tgt);
+      global_val = evaluate_copy(&m, learner_global, lrn, scratch, x->data, comm, corpus_val_windows(x->data, T), inp,
+                                 tgt);
       distro_learner_get_stats(lrn, &ls);
       if (lead && !c->quiet) {
         if (c->label) fprintf(x->out, "[%s] ", c->label);
