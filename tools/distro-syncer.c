@@ -105,6 +105,12 @@ int main(int argc, char **argv) {
 #undef ARG
   }
   o.log = log_line;
+  {
+    /* Log times are seconds since this moment (wall clock here, to line them up with other logs). */
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    printf("[syncer] clock zero at unix %.3f\n", (double)wall.tv_sec + 1e-9 * (double)wall.tv_nsec - (now_s() - g_t0));
+  }
   if (distro_syncer_create(&o, &g_syncer) != DISTRO_OK) {
     fprintf(stderr, "distro-syncer: %s\n", distro_last_error());
     return 1;

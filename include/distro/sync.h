@@ -200,6 +200,11 @@ typedef struct distro_learner_stats {
   int joined_from_peer;     /* 1: start() pulled the state from a peer, 2: from the syncer, 3: seeded it */
   uint64_t tokens;          /* tokens counted since start, summed over the learner's ranks */
   int ranks;                /* the learner's data-parallel ranks (1 without a comm) */
+  /* Step time behind goodput (seconds; goodput = useful / (useful + wasted)):
+   * useful: its work reached a merge; wasted: its report was rejected or
+   * overwritten; pending: not resolved yet (reported and not merged, or not
+   * reported): what a crash now would lose. */
+  double useful_s, wasted_s, pending_s;
 } distro_learner_stats;
 
 DISTRO_API distro_status distro_learner_create(const distro_learner_options *o, distro_learner **out);

@@ -370,7 +370,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   if (log && fseek(log, 0, SEEK_END) == 0 && ftell(log) == 0) /* new file (a resume appends) */
     fprintf(log, "step,lr,train_loss,val_loss,grad_norm,tokens,bytes_sent,bytes_recv,total_sent,total_recv,"
                  "step_s,optim_s,exchange_s,elapsed_s%s\n",
-            decoupled ? ",unix_s,applies,reports,goodput,learner_tokens,bytes_up,bytes_down" : "");
+            decoupled ? ",unix_s,applies,reports,goodput,learner_tokens,bytes_up,bytes_down,useful_s,wasted_s,pending_s" : "");
 
   const int stop = c->stop_after > 0 && c->stop_after < c->steps ? c->stop_after : c->steps;
   const size_t eval_count = (size_t)c->eval_batches * (size_t)B;
@@ -480,9 +480,10 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
               st.seconds_exchange, elapsed);
 #ifdef DISTRO_WITH_SYNC
       if (lrn)
-        fprintf(log, ",%.3f,%llu,%llu,%.6f,%llu,%llu,%llu", unix_now(), (unsigned long long)ls.applies,
+        fprintf(log, ",%.3f,%llu,%llu,%.6f,%llu,%llu,%llu,%.4f,%.4f,%.4f", unix_now(), (unsigned long long)ls.applies,
                 (unsigned long long)ls.reports, ls.goodput, (unsigned long long)ls.tokens,
-                (unsigned long long)ls.bytes_up, (unsigned long long)ls.bytes_down);
+                (unsigned long long)ls.bytes_up, (unsigned long long)ls.bytes_down, ls.useful_s, ls.wasted_s,
+                ls.pending_s);
 #endif
       fprintf(log, "\n");
       if (decoupled) fflush(log); /* a learner may be SIGKILLed: the launcher reads what it did */

@@ -1054,6 +1054,14 @@ static void fill_stats(distro_learner *l, distro_learner_stats *st) {
   st->step_s = l->step_ema;
   st->tokens = l->tokens;
   st->ranks = l->nranks;
+  st->useful_s = l->useful;
+  st->wasted_s = l->wasted;
+  double pending = 0;
+  for (int p = 0; l->started && p < l->L.P; p++) {
+    pending += l->sec[p];
+    for (int i = 0; i < l->npend[p]; i++) pending += l->pend[(size_t)p * NPEND + i].sec;
+  }
+  st->pending_s = l->started ? pending / l->L.P : 0;
 }
 
 distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_learner_stats *out) {
