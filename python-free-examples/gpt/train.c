@@ -678,18 +678,17 @@ int train_run(const train_config *cfg, const gpt_corpus *data, distro_comm *comm
   const int cores = omp_get_num_procs();
   int rc = -1;
   if (cfg->optim == GPT_OPT_DILOCO && make_learner_comms(cfg, comm, world, &x) != 0) goto out;
+  /* The model splits its matrix products over OpenMP threads, each calling
+   * sgemm: OpenBLAS's own pool (process-wide) would serialise those
+   * concurrent calls or oversubscribe the cores (one rank with 2 threads ran
+   * 6x slower with it on), so each call runs on its caller's thread. */
+  openblas_set_num_threads(1);
   if (comm) {
-    /* One rank per process: its threads are OpenMP's and OpenBLAS's. */
-    if (x.threads <= 0) x.threads = cores;
-    openblas_set_num_threads(x.threads);
+    if (x.threads <= 0) x.threads = cores; /* one rank per process */
     rc = rank_main(comm, distro_comm_rank(comm), &x) == DISTRO_OK ? 0 : -1;
     goto out;
   }
   if (x.threads <= 0) x.threads = cores / world > 1 ? cores / world : 1;
-  /* openblas_set_num_threads is process-wide. With several rank threads each
-   * calling sgemm at once, OpenBLAS's own pool would serialise them (or
-   * oversubscribe the cores), so each call runs on its caller's thread. */
-  openblas_set_num_threads(world > 1 ? 1 : x.threads);
   rc = distro_comm_run_local(world, rank_main, &x) == DISTRO_OK ? 0 : -1;
 out:
   free_learner_comms(comm, world, &x);
