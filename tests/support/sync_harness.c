@@ -20,9 +20,32 @@ void sh_sleep(double s) {
   }
 }
 
+/* Temporary directories are removed when the test process exits (each
+ * Criterion test runs in its own process); not by forked children. */
+static char tmpdirs[8][64];
+static int ntmpdirs;
+static pid_t tmpdir_owner;
+
+static void remove_tmpdirs(void) {
+  if (getpid() != tmpdir_owner) return;
+  for (int i = 0; i < ntmpdirs; i++) {
+    char cmd[640];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdirs[i]);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdirs[i]);
+  }
+}
+
 void sh_tmpdir(char *dir, size_t n) {
   snprintf(dir, n, "/tmp/distro-sync-XXXXXX");
-  if (!mkdtemp(dir)) dir[0] = 0;
+  if (!mkdtemp(dir)) {
+    dir[0] = 0;
+    return;
+  }
+  if (ntmpdirs == 0) {
+    tmpdir_owner = getpid();
+    atexit(remove_tmpdirs);
+  }
+  if (ntmpdirs < 8 && strlen(dir) < sizeof tmpdirs[0]) snprintf(tmpdirs[ntmpdirs++], sizeof tmpdirs[0], "%s", dir);
 }
 
 static void on_merge(void *ctx, const distro_sync_merge_info *info) {
