@@ -1,5 +1,6 @@
 /* Bad input gets a clear error and changes nothing, on every rank. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,8 @@ typedef struct {
   int bad_step;
   int corrupt_rank;   /* rank whose payload gets a flipped byte at bad_step */
   int skip_bad_step;  /* control run: leave the bad step out entirely */
+  int huge_gradient;  /* the bad rank's tensor t2 is all FLT_MAX (finite, but
+                         its DCT and so the momentum overflow) instead of a NaN */
   int nsteps;
   float *out[MAXR];   /* final parameters per rank */
   distro_status st_bad[MAXR];
@@ -83,7 +86,12 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     if (bad && cfg->skip_bad_step) continue;
     tu_rng r = {cfg->seed * 31 + (uint64_t)(s * MAXR + rank) + 1};
     for (int i = 0; i < NT; i++) tu_fill_normal(&r, g[i], numel(i), 1.0f);
-    if (bad && rank == cfg->bad_rank) g[2][7] = NAN;
+    if (bad && rank == cfg->bad_rank) {
+      if (cfg->huge_gradient)
+        for (size_t j = 0; j < numel(2); j++) g[2][j] = FLT_MAX;
+      else
+        g[2][7] = NAN;
+    }
     k.armed = bad && cfg->corrupt_rank >= 0;
     distro_status st = distro_optim_step(o, 0.01f, NULL);
     if (bad) {
@@ -110,10 +118,10 @@ static size_t total_numel(void) {
 }
 
 /* Runs with a failing step and without it; final parameters must match. */
-static void failed_step_changes_nothing(distro_options opt, int world, int bad_rank, int corrupt_rank,
-                                        distro_status want, const char *want_in_msg) {
+static void failed_step_changes_nothing_with(distro_options opt, int world, int bad_rank, int corrupt_rank,
+                                             int huge_gradient, distro_status want, const char *want_in_msg) {
   run_cfg a = {.opt = opt, .seed = tu_seed(), .bad_rank = bad_rank, .bad_step = 2, .corrupt_rank = corrupt_rank,
-               .nsteps = 4};
+               .nsteps = 4, .huge_gradient = huge_gradient};
   run_cfg b = a;
   b.skip_bad_step = 1;
   cr_assert_eq(distro_comm_run_local(world, rank_main, &a), DISTRO_OK);
@@ -129,6 +137,22 @@ static void failed_step_changes_nothing(distro_options opt, int world, int bad_r
     free(a.out[r]);
     free(b.out[r]);
   }
+}
+
+static void failed_step_changes_nothing(distro_options opt, int world, int bad_rank, int corrupt_rank,
+                                        distro_status want, const char *want_in_msg) {
+  failed_step_changes_nothing_with(opt, world, bad_rank, corrupt_rank, 0, want, want_in_msg);
+}
+
+/* A finite gradient whose transform overflows: caught where the momentum is
+ * written, reported like a NaN, and nothing changes on any rank. */
+Test(errors, momentum_overflow_demo) {
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.topk = 4;
+  o.update = DISTRO_UPDATE_ADAMW;
+  failed_step_changes_nothing_with(o, 3, 1, -1, 1, DISTRO_ERR_NONFINITE, "rank 1 could not step");
+  o.update = DISTRO_UPDATE_SIGN;
+  failed_step_changes_nothing_with(o, 2, 0, -1, 1, DISTRO_ERR_NONFINITE, "'t2'");
 }
 
 Test(errors, nonfinite_gradient_demo) {

@@ -13,21 +13,34 @@
 #include "compress/topk.h"
 #include "optim/optim_internal.h"
 
-/* mom_next = decay*mom + s*DCT(grad); select; remove the selection. */
-static void compress_tensor(distro_optim *o, distro__param *p, float s, distro_step_stats *st) {
+/* mom_next = decay*mom + s*DCT(grad); select; remove the selection.
+ * Returns 0 if mom_next is not finite. A NaN or Inf in the gradient reaches
+ * every coefficient of its tile through the transform, so checking the new
+ * momentum in the pass that writes it replaces a separate scan of the
+ * gradient (and also catches a momentum that overflowed). */
+static int compress_tensor(distro_optim *o, distro__param *p, float s, distro_step_stats *st) {
   const int64_t n = p->numel;
   const float decay = o->opt.compression_decay;
   double t0 = distro__now();
   distro__dct_encode_tiles(&p->plan, p->grad, p->mom_next, o->scratch_a);
   float *next = p->mom_next;
   const float *mom = p->mom;
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < n; j++) next[j] = decay * mom[j] + s * next[j];
+  uint32_t bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+  for (int64_t j = 0; j < n; j++) {
+    const float v = decay * mom[j] + s * next[j];
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    next[j] = v;
+    bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
+  }
   double t1 = distro__now();
+  st->seconds_transform += t1 - t0;
+  if (bad) return 0;
   distro__topk_tiles(&p->tiling, next, p->idx, p->val);
   distro__topk_zero_selected(&p->tiling, next, p->idx);
-  st->seconds_transform += t1 - t0;
   st->seconds_topk += distro__now() - t1;
+  return 1;
 }
 
 /* Aggregate every rank's decoded selection for tensor i into coef: per
@@ -76,11 +89,10 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
   const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN;
 
   /* 1. Compress locally into staged state, or announce that we cannot. */
-  int bad = distro__first_nonfinite_grad(o);
-  if (bad < 0)
-    for (int i = 0; i < o->nparams; i++)
-      /* The sign variant folds lr into the momentum; DisTrO-AdamW accumulates raw gradients. */
-      compress_tensor(o, &o->params[i], sign_update ? lr : 1.0f, s);
+  int bad = -1;
+  for (int i = 0; i < o->nparams && bad < 0; i++)
+    /* The sign variant folds lr into the momentum; DisTrO-AdamW accumulates raw gradients. */
+    if (!compress_tensor(o, &o->params[i], sign_update ? lr : 1.0f, s)) bad = i;
   double t0 = distro__now();
   size_t size = distro__payload_encode(o, bad);
   s->seconds_topk += distro__now() - t0;

@@ -251,7 +251,7 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
   }
   if (abort_rank >= 0) {
     const char *name = abort_tensor < (uint32_t)o->nparams ? o->params[abort_tensor].name : "?";
-    DISTRO_FAIL(DISTRO_ERR_NONFINITE, "rank %d could not step: non-finite gradient in tensor '%s'; nothing was applied",
+    DISTRO_FAIL(DISTRO_ERR_NONFINITE, "rank %d could not step: non-finite gradient (or momentum) in tensor '%s'; nothing was applied",
                 abort_rank, name);
   }
   int live = 0;
