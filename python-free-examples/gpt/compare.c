@@ -117,7 +117,7 @@ static int plot(const char *path, const train_config *base, const train_result *
   for (int i = 0; i < n; i++)
     fprintf(g, "%s$val%d with linespoints lw 2 pt 7 ps 0.6 title '%s'", i ? ", " : "", i, names[i]);
   fprintf(g, "\nset logscale y\nset format y '10^{%%L}'\nset key bottom right\n"
-             "set ylabel 'bytes sent, all ranks (log scale)'\nset title 'cumulative bytes sent'\nplot ");
+             "set ylabel 'bytes sent, all ranks (log scale)'\nset title 'cumulative bytes sent (mean per step x steps)'\nplot ");
   for (int i = 0; i < n; i++)
     fprintf(g, "%s$bytes%d with lines lw 2 title '%s'", i ? ", " : "", i, names[i]);
   fprintf(g, "\nunset multiplot\nset output\n");
