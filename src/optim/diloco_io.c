@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "optim/diloco_internal.h"
@@ -27,20 +28,6 @@
 
 #define DLC_MAGIC "DSTRDLC"
 #define DLC_STATE_VERSION 1u
-
-typedef struct {
-  FILE *f;
-  uint32_t crc;
-  int err;
-} writer;
-
-static void w_bytes(writer *w, const void *p, size_t n) {
-  if (w->err || n == 0) return;
-  if (fwrite(p, 1, n, w->f) != n) w->err = errno ? errno : EIO;
-  w->crc = distro__crc32c_update(w->crc, p, n);
-}
-static void w_u32(writer *w, uint32_t v) { w_bytes(w, &v, 4); }
-static void w_u64(writer *w, uint64_t v) { w_bytes(w, &v, 8); }
 
 static void header_fields(const distro_diloco *d, uint32_t f[11]) {
   const distro_diloco_options *o = &d->opt;
@@ -61,82 +48,58 @@ static const char *const field_names[11] = {"H", "fragments", "overlap", "nester
 
 distro_status distro_diloco_save(distro_diloco *d, const char *path) {
   distro_status st = DISTRO_OK;
-  char *tmp = NULL;
-  int fd = -1;
-  writer w = {0};
+  distro__afile w = {0};
   if (!d || !path || !*path) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_save: NULL argument");
   DISTRO_CHECK(distro__diloco_prepare(d));
   DISTRO_CHECK(distro__diloco_wait(d, NULL));
-  size_t len = strlen(path) + 32;
-  tmp = malloc(len);
-  if (!tmp) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-  snprintf(tmp, len, "%s.tmp.%ld", path, (long)getpid());
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) DISTRO_FAIL(DISTRO_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-  w.f = fdopen(fd, "wb");
-  if (!w.f) DISTRO_FAIL(DISTRO_ERR_IO, "fdopen '%s': %s", tmp, strerror(errno));
-  fd = -1;
-  w_bytes(&w, DLC_MAGIC, 8);
-  w_u32(&w, DLC_STATE_VERSION);
+  DISTRO_CHECK(distro__afile_open(&w, path));
+  distro__afile_write(&w, DLC_MAGIC, 8);
+  distro__afile_u32(&w, DLC_STATE_VERSION);
   uint32_t hf[11];
   header_fields(d, hf);
-  for (int i = 0; i < 11; i++) w_u32(&w, hf[i]);
-  w_u64(&w, (uint64_t)d->max_block);
-  w_u32(&w, (uint32_t)d->nt);
+  for (int i = 0; i < 11; i++) distro__afile_u32(&w, hf[i]);
+  distro__afile_u64(&w, (uint64_t)d->max_block);
+  distro__afile_u32(&w, (uint32_t)d->nt);
   for (int i = 0; i < d->nt; i++) {
     const distro__param *p = &d->inner->params[i];
     uint32_t nl = (uint32_t)strlen(p->name);
-    w_u32(&w, nl);
-    w_bytes(&w, p->name, nl);
-    w_u32(&w, (uint32_t)p->ndim);
-    for (int k = 0; k < p->ndim; k++) w_u64(&w, (uint64_t)p->shape[k]);
-    w_u32(&w, (uint32_t)d->layer[i]);
-    w_u32(&w, d->tflags[i]);
+    distro__afile_u32(&w, nl);
+    distro__afile_write(&w, p->name, nl);
+    distro__afile_u32(&w, (uint32_t)p->ndim);
+    for (int k = 0; k < p->ndim; k++) distro__afile_u64(&w, (uint64_t)p->shape[k]);
+    distro__afile_u32(&w, (uint32_t)d->layer[i]);
+    distro__afile_u32(&w, d->tflags[i]);
   }
-  w_u64(&w, (uint64_t)d->t);
-  w_u64(&w, d->peak_sent);
-  w_u64(&w, d->total_sent);
-  w_u32(&w, (uint32_t)d->global_init);
+  distro__afile_u64(&w, (uint64_t)d->t);
+  distro__afile_u64(&w, d->peak_sent);
+  distro__afile_u64(&w, d->total_sent);
+  distro__afile_u32(&w, (uint32_t)d->global_init);
   const int P = d->opt.fragments;
   for (int p = 0; p < P; p++) {
-    w_u64(&w, (uint64_t)d->frags.numel[p]);
-    w_u64(&w, d->tok[p]);
-    w_u64(&w, d->steps[p]);
+    distro__afile_u64(&w, (uint64_t)d->frags.numel[p]);
+    distro__afile_u64(&w, d->tok[p]);
+    distro__afile_u64(&w, d->steps[p]);
   }
   const distro__diloco_pending *pd = &d->pending;
-  w_u32(&w, (uint32_t)pd->active);
-  w_u32(&w, (uint32_t)(pd->active ? pd->frag : 0));
-  w_u64(&w, (uint64_t)(pd->active ? pd->sent_at : 0));
-  w_u64(&w, (uint64_t)(pd->active ? pd->apply_at : 0));
-  w_u64(&w, pd->active ? pd->tokens_sent : 0);
-  w_u64(&w, pd->active ? pd->steps_sent : 0);
+  distro__afile_u32(&w, (uint32_t)pd->active);
+  distro__afile_u32(&w, (uint32_t)(pd->active ? pd->frag : 0));
+  distro__afile_u64(&w, (uint64_t)(pd->active ? pd->sent_at : 0));
+  distro__afile_u64(&w, (uint64_t)(pd->active ? pd->apply_at : 0));
+  distro__afile_u64(&w, pd->active ? pd->tokens_sent : 0);
+  distro__afile_u64(&w, pd->active ? pd->steps_sent : 0);
   for (int p = 0; p < P; p++) {
     const size_t n = (size_t)d->frags.numel[p];
     if (d->global_init) {
-      w_bytes(&w, d->global[p], sizeof(float) * n);
+      distro__afile_write(&w, d->global[p], sizeof(float) * n);
     } else { /* set from the parameters at the first step */
       static const float zeros[1024];
-      for (size_t j = 0; j < n; j += 1024) w_bytes(&w, zeros, sizeof(float) * (n - j < 1024 ? n - j : 1024));
+      for (size_t j = 0; j < n; j += 1024) distro__afile_write(&w, zeros, sizeof(float) * (n - j < 1024 ? n - j : 1024));
     }
-    w_bytes(&w, d->mom[p], sizeof(float) * n);
+    distro__afile_write(&w, d->mom[p], sizeof(float) * n);
   }
-  uint32_t crc = w.crc;
-  w_bytes(&w, &crc, 4);
-  if (w.err) DISTRO_FAIL(DISTRO_ERR_IO, "writing '%s': %s", tmp, strerror(w.err));
-  if (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "flushing '%s': %s", tmp, strerror(errno));
-  FILE *f = w.f;
-  w.f = NULL;
-  if (fclose(f) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "closing '%s': %s", tmp, strerror(errno));
-  if (rename(tmp, path) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "renaming '%s' to '%s': %s", tmp, path, strerror(errno));
-  free(tmp);
-  return DISTRO_OK;
+  return distro__afile_commit(&w);
 fail:
-  if (w.f) fclose(w.f);
-  if (fd >= 0) close(fd);
-  if (tmp) {
-    unlink(tmp);
-    free(tmp);
-  }
+  distro__afile_abort(&w);
   return st;
 }
 

@@ -14,26 +14,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "optim/optim_internal.h"
 
 #define STATE_MAGIC "DSTROPT"
 #define STATE_VERSION 1u
-
-typedef struct {
-  FILE *f;
-  uint32_t crc;
-  int err;
-} writer;
-
-static void w_bytes(writer *w, const void *p, size_t n) {
-  if (w->err || n == 0) return;
-  if (fwrite(p, 1, n, w->f) != n) w->err = errno ? errno : EIO;
-  w->crc = distro__crc32c_update(w->crc, p, n);
-}
-static void w_u32(writer *w, uint32_t v) { w_bytes(w, &v, 4); } /* x86/arm LE hosts */
-static void w_i64(writer *w, int64_t v) { w_bytes(w, &v, 8); }
 
 static int arrays_per_param(const distro_options *o) {
   return (o->algorithm == DISTRO_ALG_DEMO ? 1 : 0) + (distro__uses_adam(o) ? 2 : 0);
@@ -50,55 +37,31 @@ static float **param_array(distro__param *p, const distro_options *o, int a) {
 
 distro_status distro_optim_save(const distro_optim *co, const char *path) {
   distro_status st = DISTRO_OK;
-  char *tmp = NULL;
-  int fd = -1;
-  writer w = {0};
+  distro__afile w = {0};
   if (!co || !path || !*path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_save: NULL argument");
   distro_optim *o = (distro_optim *)co; /* prepare() allocates lazily; no observable change */
   DISTRO_CHECK(distro__optim_prepare(o));
-  size_t len = strlen(path) + 32;
-  tmp = malloc(len);
-  if (!tmp) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-  snprintf(tmp, len, "%s.tmp.%ld", path, (long)getpid());
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) DISTRO_FAIL(DISTRO_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-  w.f = fdopen(fd, "wb");
-  if (!w.f) DISTRO_FAIL(DISTRO_ERR_IO, "fdopen '%s': %s", tmp, strerror(errno));
-  fd = -1;
-  w_bytes(&w, STATE_MAGIC, 8);
-  w_u32(&w, STATE_VERSION);
+  DISTRO_CHECK(distro__afile_open(&w, path));
+  distro__afile_write(&w, STATE_MAGIC, 8);
+  distro__afile_u32(&w, STATE_VERSION);
   uint32_t hdr[6] = {(uint32_t)o->opt.algorithm, (uint32_t)o->opt.update, (uint32_t)o->opt.values,
                      (uint32_t)o->opt.chunk, (uint32_t)o->opt.topk, (uint32_t)o->nparams};
-  for (int i = 0; i < 6; i++) w_u32(&w, hdr[i]);
-  w_i64(&w, o->step);
+  for (int i = 0; i < 6; i++) distro__afile_u32(&w, hdr[i]);
+  distro__afile_u64(&w, (uint64_t)o->step);
   const int arrays = arrays_per_param(&o->opt);
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     uint32_t nl = (uint32_t)strlen(p->name);
-    w_u32(&w, nl);
-    w_bytes(&w, p->name, nl);
-    w_u32(&w, (uint32_t)p->ndim);
-    for (int d = 0; d < p->ndim; d++) w_i64(&w, p->shape[d]);
-    for (int a = 0; a < arrays; a++) w_bytes(&w, *param_array(p, &o->opt, a), sizeof(float) * (size_t)p->numel);
+    distro__afile_u32(&w, nl);
+    distro__afile_write(&w, p->name, nl);
+    distro__afile_u32(&w, (uint32_t)p->ndim);
+    for (int d = 0; d < p->ndim; d++) distro__afile_u64(&w, (uint64_t)p->shape[d]);
+    for (int a = 0; a < arrays; a++)
+      distro__afile_write(&w, *param_array(p, &o->opt, a), sizeof(float) * (size_t)p->numel);
   }
-  uint32_t crc = w.crc;
-  w_bytes(&w, &crc, 4);
-  if (w.err) DISTRO_FAIL(DISTRO_ERR_IO, "writing '%s': %s", tmp, strerror(w.err));
-  if (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0)
-    DISTRO_FAIL(DISTRO_ERR_IO, "flushing '%s': %s", tmp, strerror(errno));
-  FILE *f = w.f;
-  w.f = NULL;
-  if (fclose(f) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "closing '%s': %s", tmp, strerror(errno));
-  if (rename(tmp, path) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "renaming '%s' to '%s': %s", tmp, path, strerror(errno));
-  free(tmp);
-  return DISTRO_OK;
+  return distro__afile_commit(&w);
 fail:
-  if (w.f) fclose(w.f);
-  if (fd >= 0) close(fd);
-  if (tmp) {
-    unlink(tmp);
-    free(tmp);
-  }
+  distro__afile_abort(&w);
   return st;
 }
 

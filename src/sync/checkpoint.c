@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "sync/syncer_internal.h"
@@ -32,8 +33,7 @@ distro_status distro__syncer_ckpt_save(distro_syncer *s) {
   const distro__sy_layout *L = &s->L;
   const size_t n = ck_size(L);
   uint8_t *buf = malloc(n), *b = buf;
-  char *tmp = NULL;
-  int fd = -1;
+  distro__afile w = {0};
   if (!buf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   memcpy(b, CK_MAGIC, 8), b += 8;
   distro__put_u32(b, CK_FORMAT), b += 4;
@@ -59,36 +59,14 @@ distro_status distro__syncer_ckpt_save(distro_syncer *s) {
     memcpy(b, s->frag[p].global, k), b += k;
     memcpy(b, s->frag[p].mom, k), b += k;
   }
-  distro__put_u32(b, distro__crc32c(buf, (size_t)(b - buf)));
-  const size_t len = strlen(s->opt.checkpoint) + 32;
-  tmp = malloc(len);
-  if (!tmp) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-  snprintf(tmp, len, "%s.tmp.%ld", s->opt.checkpoint, (long)getpid());
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) DISTRO_FAIL(DISTRO_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-  for (size_t off = 0; off < n;) {
-    const ssize_t w = write(fd, buf + off, n - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) DISTRO_FAIL(DISTRO_ERR_IO, "writing '%s': %s", tmp, strerror(errno));
-    off += (size_t)w;
-  }
-  if (fsync(fd) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "fsync '%s': %s", tmp, strerror(errno));
-  if (close(fd) != 0) {
-    fd = -1;
-    DISTRO_FAIL(DISTRO_ERR_IO, "closing '%s': %s", tmp, strerror(errno));
-  }
-  fd = -1;
-  if (rename(tmp, s->opt.checkpoint) != 0)
-    DISTRO_FAIL(DISTRO_ERR_IO, "renaming '%s' to '%s': %s", tmp, s->opt.checkpoint, strerror(errno));
-  free(tmp);
+  /* The CRC32C trailer is appended by the commit. */
+  DISTRO_CHECK(distro__afile_open(&w, s->opt.checkpoint));
+  distro__afile_write(&w, buf, (size_t)(b - buf));
+  st = distro__afile_commit(&w);
   free(buf);
-  return DISTRO_OK;
+  return st;
 fail:
-  if (fd >= 0) close(fd);
-  if (tmp) {
-    unlink(tmp);
-    free(tmp);
-  }
+  distro__afile_abort(&w);
   free(buf);
   return st;
 }

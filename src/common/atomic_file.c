@@ -1,0 +1,93 @@
+/* Atomic, checksummed file writes (see atomic_file.h). */
+#include "common/atomic_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/crc32c.h"
+#include "common/error.h"
+
+distro_status distro__afile_open(distro__afile *a, const char *path) {
+  memset(a, 0, sizeof *a);
+  const size_t len = strlen(path) + 32;
+  a->tmp = malloc(len);
+  a->path = malloc(strlen(path) + 1);
+  if (!a->tmp || !a->path) {
+    distro__afile_abort(a);
+    return distro__fail(DISTRO_ERR_NOMEM, "out of memory");
+  }
+  memcpy(a->path, path, strlen(path) + 1);
+  snprintf(a->tmp, len, "%s.tmp.%ld", path, (long)getpid());
+  const int fd = open(a->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    distro_status st = distro__fail(DISTRO_ERR_IO, "cannot create '%s': %s", a->tmp, strerror(errno));
+    free(a->tmp);
+    a->tmp = NULL; /* nothing was created */
+    distro__afile_abort(a);
+    return st;
+  }
+  a->f = fdopen(fd, "wb");
+  if (!a->f) {
+    distro_status st = distro__fail(DISTRO_ERR_IO, "fdopen '%s': %s", a->tmp, strerror(errno));
+    close(fd);
+    distro__afile_abort(a);
+    return st;
+  }
+  return DISTRO_OK;
+}
+
+void distro__afile_write(distro__afile *a, const void *p, size_t n) {
+  if (a->err || n == 0) return;
+  if (fwrite(p, 1, n, a->f) != n) a->err = errno ? errno : EIO;
+  a->crc = distro__crc32c_update(a->crc, p, n);
+}
+
+void distro__afile_u32(distro__afile *a, uint32_t v) { distro__afile_write(a, &v, 4); }
+void distro__afile_u64(distro__afile *a, uint64_t v) { distro__afile_write(a, &v, 8); }
+
+/* The rename is durable only once the directory entry is on disk. */
+static void sync_dir(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char dir[4096];
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  const int fd = open(dir, O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)fsync(fd); /* best effort: some filesystems refuse it on directories */
+    close(fd);
+  }
+}
+
+distro_status distro__afile_commit(distro__afile *a) {
+  distro_status st = DISTRO_OK;
+  const uint32_t crc = a->crc;
+  distro__afile_write(a, &crc, 4);
+  if (a->err) DISTRO_FAIL(DISTRO_ERR_IO, "writing '%s': %s", a->tmp, strerror(a->err));
+  if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0)
+    DISTRO_FAIL(DISTRO_ERR_IO, "flushing '%s': %s", a->tmp, strerror(errno));
+  FILE *f = a->f;
+  a->f = NULL;
+  if (fclose(f) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "closing '%s': %s", a->tmp, strerror(errno));
+  if (rename(a->tmp, a->path) != 0)
+    DISTRO_FAIL(DISTRO_ERR_IO, "renaming '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
+  sync_dir(a->path);
+  free(a->tmp);
+  a->tmp = NULL;
+  distro__afile_abort(a);
+  return DISTRO_OK;
+fail:
+  distro__afile_abort(a);
+  return st;
+}
+
+void distro__afile_abort(distro__afile *a) {
+  if (a->f) fclose(a->f);
+  if (a->tmp) unlink(a->tmp);
+  free(a->tmp);
+  free(a->path);
+  memset(a, 0, sizeof *a);
+}
