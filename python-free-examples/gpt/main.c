@@ -76,6 +76,7 @@ static void usage(FILE *f) {
 "  --outer-lr X        outer Nesterov SGD learning rate (1: the learners' mean)\n"
 "  --outer-momentum X  its momentum (0; the paper's 0.9 did worse here, README.md)\n"
 "  --outer-codec C     outer gradients as f32, bf16, int8, int4 or fp4 (int4)\n"
+"  --outer-block N     elements per scale of int8/int4/fp4 outer gradients (64)\n"
 "  --merge M           mean, tokens, radial or radial-tokens (mean)\n"
 "  --progress-thread   run each sync on a helper thread while inner steps continue\n"
 "Decoupled DiLoCo (--optim decoupled; python-free-examples/decoupled/README.md)\n"
@@ -205,7 +206,7 @@ int main(int argc, char **argv) {
         "--threads", "--eval-every", "--eval-batches", "--print-every", "--log",   "--save",       "--save-every",
         "--resume", "--stop-after", "--plot",      "--inner",    "--learners", "--ranks-per-learner",
         "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
-        "--outer-codec", "--merge", "--syncer", "--learner-id", "--step-delay-ms", "--time-limit",
+        "--outer-codec", "--outer-block", "--merge", "--syncer", "--learner-id", "--step-delay-ms", "--time-limit",
         "--start-step"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(a, valued[k]);
@@ -251,6 +252,9 @@ int main(int argc, char **argv) {
       else if (!strcmp(v, "fp4")) c.diloco.codec = DISTRO_OUTER_FP4;
       else return bad("--outer-codec: '%s' is not one of f32, bf16, int8, int4, fp4%s", v, "");
       ov.codec = diloco_flags = 1;
+    } else if (!strcmp(a, "--outer-block")) {
+      rc = parse_int(a, v, 1, &c.diloco.codec_block);
+      diloco_flags = 1;
     } else if (!strcmp(a, "--merge")) {
       if (!strcmp(v, "mean")) c.diloco.merge = DISTRO_MERGE_MEAN;
       else if (!strcmp(v, "tokens")) c.diloco.merge = DISTRO_MERGE_TOKENS;
