@@ -3,9 +3,10 @@
  *    rate (within 10%) and merges continue at quorum with three live
  *    learners; restarted, it joins through a peer and its parameters equal
  *    the global fragments at the versions it received;
- *  - kill and restart the syncer: it reloads its checkpoint, learners
- *    rejoin and upload newer fragments, no fragment version goes backwards
- *    and merges continue. */
+ *  - kill and restart the syncer (in-process, and as a SIGKILLed
+ *    distro-syncer process): it reloads its checkpoint, learners rejoin and
+ *    upload newer fragments, no fragment version goes backwards and merges
+ *    continue. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <math.h>
@@ -230,6 +231,86 @@ Test(sync_cluster, syncer_restart_resumes_from_checkpoint_no_version_goes_back) 
     cr_assert_geq(L[i].rejoins, 1, "learner %d rejoined the restarted syncer", i);
   }
   sh_stop(&h);
+}
+/* The same with the distro-syncer process SIGKILLed (no shutdown at all)
+ * and started again on its checkpoint: versions read from its merge log. */
+static pid_t spawn_syncer(const char *ep, const char *ck, const char *log) {
+  const pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    FILE *f = freopen(log, "w", stdout);
+    if (!f) _exit(126);
+    execl(SYNC_SYNCER_BIN, SYNC_SYNCER_BIN, "--endpoint", ep, "--fragments", "4", "--interval", "0.04", "--timeout",
+          "0.8", "--heartbeat", "0.1", "--checkpoint", ck, "--checkpoint-every", "7", (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Highest merged version per fragment in a syncer log, and the epoch line. */
+static int read_syncer_log(const char *log, uint64_t v[4], unsigned long long *epoch) {
+  FILE *f = fopen(log, "r");
+  cr_assert(f, "no syncer log %s", log);
+  char line[1024];
+  int merges = 0;
+  for (int p = 0; p < 4; p++) v[p] = 0;
+  *epoch = 0;
+  while (fgets(line, sizeof line, f)) {
+    const char *m = strstr(line, "merge frag=");
+    const char *e = strstr(line, "syncer epoch ");
+    int frag;
+    unsigned long long ver;
+    if (m && sscanf(m, "merge frag=%d version=%llu", &frag, &ver) == 2 && frag >= 0 && frag < 4) {
+      if (ver > v[frag]) v[frag] = ver;
+      merges++;
+    }
+    if (e) sscanf(e, "syncer epoch %llu", epoch);
+  }
+  fclose(f);
+  return merges;
+}
+
+Test(sync_cluster, syncer_process_sigkill_restart_from_checkpoint) {
+  char dir[256], ep[300], ck[300], log1[300], log2[300];
+  sh_tmpdir(dir, sizeof dir);
+  cr_assert(dir[0]);
+  snprintf(ep, sizeof ep, "ipc://%s/s.ipc", dir);
+  snprintf(ck, sizeof ck, "%s/syncer.ckpt", dir);
+  snprintf(log1, sizeof log1, "%s/syncer1.log", dir);
+  snprintf(log2, sizeof log2, "%s/syncer2.log", dir);
+  pid_t s1 = spawn_syncer(ep, ck, log1);
+  sh_sleep(0.3);
+  proc L[3];
+  for (int i = 0; i < 3; i++) spawn(&L[i], ep, i, 800, 8, 0.1 * i);
+  sh_sleep(2.5);
+  kill(s1, SIGKILL);
+  waitpid(s1, NULL, 0);
+  uint64_t before[4], after[4];
+  unsigned long long e1, e2;
+  const int merges1 = read_syncer_log(log1, before, &e1);
+  cr_assert_geq(merges1, 8, "merges before the kill (%d)", merges1);
+  cr_assert_eq(access(ck, R_OK), 0, "a periodic checkpoint was written before the kill");
+  sh_sleep(1.0);
+  pid_t s2 = spawn_syncer(ep, ck, log2);
+  sh_sleep(3.0);
+  kill(s2, SIGTERM);
+  waitpid(s2, NULL, 0);
+  const int merges2 = read_syncer_log(log2, after, &e2);
+  cr_assert_eq(e1, 1, "first syncer: epoch %llu", e1);
+  cr_assert_eq(e2, 2, "the restarted syncer resumed the checkpoint (epoch %llu)", e2);
+  cr_assert_geq(merges2, 8, "merges continue after the restart (%d)", merges2);
+  for (int p = 0; p < 4; p++) {
+    cr_log_info("fragment %d: version %llu before the kill, %llu after the restart", p,
+                (unsigned long long)before[p], (unsigned long long)after[p]);
+    cr_assert_gt(after[p], before[p], "fragment %d: %llu before the kill, %llu after", p,
+                 (unsigned long long)before[p], (unsigned long long)after[p]);
+  }
+  for (int i = 0; i < 3; i++) kill(L[i].pid, SIGTERM);
+  for (int i = 0; i < 3; i++) {
+    reap(&L[i]);
+    cr_assert_geq(L[i].rejoins, 1, "learner %d rejoined the restarted syncer", i);
+    free(L[i].params);
+  }
 }
 #else
 Test(sync_cluster, skipped) { cr_skip_test("built without libzmq (no syncer)"); }
