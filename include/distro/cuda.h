@@ -25,9 +25,12 @@ extern "C" {
 
 typedef struct distro_cuda_optim distro_cuda_optim;
 
-/* Same options and errors as distro_optim_create; DISTRO_ALG_DEMO only
- * (DISTRO_ERR_UNSUPPORTED otherwise). Works on the current CUDA device and
- * on `stream` (0: the legacy default stream). `comm` is borrowed. */
+/* Same options and errors as distro_optim_create. DISTRO_ALG_DEMO runs the
+ * compressed step above; DISTRO_ALG_ADAMW the all-reduce baseline (gradients
+ * flattened on the device, one all-reduce: NCCL on device memory, any other
+ * comm through pinned host memory; then the AdamW kernel). Works on the
+ * current CUDA device and on `stream` (0: the legacy default stream). `comm`
+ * is borrowed. */
 DISTRO_API distro_status distro_cuda_optim_create(const distro_options *o, distro_comm *comm, cudaStream_t stream,
                                                   distro_cuda_optim **out);
 

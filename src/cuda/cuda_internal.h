@@ -65,6 +65,8 @@ cudaError_t distro__cuda_topk(cudaStream_t s, const distro__tiling *t, float *co
 
 /* flags[slot] = 1 if any x[0..n) is NaN or Inf (flags is not cleared). */
 cudaError_t distro__cuda_nonfinite(cudaStream_t s, const float *x, int64_t n, int *flags, int slot);
+/* *out = 1.0f if any flags[0..n) is set, else 0.0f (the baseline's flag slot). */
+cudaError_t distro__cuda_flag_slot(cudaStream_t s, const int *flags, int n, float *out);
 /* next = decay*mom + scale*next, rounded as the C code does. */
 cudaError_t distro__cuda_momentum(cudaStream_t s, float *next, const float *mom, float decay, float scale, int64_t n);
 /* Dense coefficients of tensor t from every rank's decoded selection: per

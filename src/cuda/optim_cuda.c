@@ -50,7 +50,9 @@ struct distro_cuda_optim {
   float *d_dec_val;
   int dec_registered;              /* host dec arrays are page-locked */
   uint8_t *d_dropped;
-  int *d_flags, *h_flags;          /* per tensor: non-finite gradient */
+  int *d_flags, *h_flags;          /* per tensor: non-finite gradient; one more slot (AdamW: overflow) */
+  float *d_flat, *h_flat;          /* AdamW baseline: all gradients + 1 flag; h_flat stages a CPU comm */
+  int nccl;                        /* comm is NCCL: device buffers go to it directly */
   float *scratch_a, *scratch_b;    /* max_numel each */
   int *counts;                     /* max_numel */
   cudaEvent_t ev[EV_COUNT];
@@ -64,12 +66,11 @@ distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *c
   if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_create: out is NULL");
   *out = NULL;
   DISTRO_CHECK(distro_optim_create(opt, comm, &host));
-  if (opt->algorithm != DISTRO_ALG_DEMO)
-    DISTRO_FAIL(DISTRO_ERR_UNSUPPORTED, "distro_cuda_optim_create: only DISTRO_ALG_DEMO runs on the GPU");
   distro_cuda_optim *o = calloc(1, sizeof *o);
   if (!o) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_cuda_optim_create: out of memory");
   o->host = host;
   o->stream = stream;
+  o->nccl = strcmp(host->comm->ops->name, "nccl") == 0;
   *out = o;
   return DISTRO_OK;
 fail:
@@ -142,6 +143,9 @@ static void free_device_state(distro_cuda_optim *o) {
   cudaFree(o->d_dropped);
   cudaFree(o->d_flags);
   cudaFreeHost(o->h_flags);
+  cudaFree(o->d_flat);
+  cudaFreeHost(o->h_flat);
+  o->d_flat = o->h_flat = NULL;
   cudaFree(o->scratch_a);
   cudaFree(o->scratch_b);
   cudaFree(o->counts);
@@ -197,7 +201,7 @@ static distro_status prepare(distro_cuda_optim *o) {
   distro_optim *h = o->host;
   if (o->ready) return DISTRO_OK;
   if (h->nparams == 0) return distro__fail(DISTRO_ERR_INVALID, "no tensors registered (distro_cuda_optim_add_param)");
-  const int adam = distro__uses_adam(&h->opt), world = h->comm->size;
+  const int adam = distro__uses_adam(&h->opt), world = h->comm->size, demo = h->opt.algorithm == DISTRO_ALG_DEMO;
   DISTRO_CUBLAS_TRY(cublasCreate(&o->blas));
   DISTRO_CUBLAS_TRY(cublasSetStream(o->blas, o->stream));
   DISTRO_CUBLAS_TRY(cublasSetMathMode(o->blas, CUBLAS_DEFAULT_MATH));
@@ -215,16 +219,28 @@ static distro_status prepare(distro_cuda_optim *o) {
     h->tilings[i] = hp->tiling;
     if (hp->numel > h->max_numel) h->max_numel = hp->numel;
     h->total_numel += hp->numel;
+    if (adam) {
+      DISTRO_CHECK(zeroed((void **)&p->m, bytes));
+      DISTRO_CHECK(zeroed((void **)&p->v, bytes));
+    }
+    if (!demo) continue;
     DISTRO_CHECK(distro__cuda_dct_check(&hp->tiling));
     p->dct.t = hp->tiling;
     DISTRO_CHECK(basis_for(o, hp->tiling.h, &p->dct.fh));
     DISTRO_CHECK(basis_for(o, hp->tiling.w, &p->dct.fw));
     DISTRO_CHECK(zeroed((void **)&p->mom, bytes));
     DISTRO_CHECK(zeroed((void **)&p->mom_next, bytes));
-    if (adam) {
-      DISTRO_CHECK(zeroed((void **)&p->m, bytes));
-      DISTRO_CHECK(zeroed((void **)&p->v, bytes));
-    }
+  }
+  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_flags, sizeof(int) * (size_t)(h->nparams + 1)));
+  DISTRO_CUDA_TRY(cudaMallocHost((void **)&o->h_flags, sizeof(int) * (size_t)(h->nparams + 1)));
+  if (!demo) {
+    /* The all-reduce baseline: one flat buffer (gradients + the flag slot). */
+    const size_t flat = sizeof(float) * (size_t)(h->total_numel + 1);
+    DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_flat, flat));
+    if (!o->nccl) DISTRO_CUDA_TRY(cudaMallocHost((void **)&o->h_flat, flat));
+    h->ready = 1;
+    o->ready = 1;
+    return DISTRO_OK;
   }
   DISTRO_CHECK(distro__payload_prepare(h));
   const size_t sel = (size_t)h->total_sel, all = sel * (size_t)world;
@@ -235,8 +251,6 @@ static distro_status prepare(distro_cuda_optim *o) {
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_dec_idx, sizeof(uint32_t) * (all ? all : 1)));
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_dec_val, sizeof(float) * (all ? all : 1)));
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_dropped, (size_t)world));
-  DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_flags, sizeof(int) * (size_t)h->nparams));
-  DISTRO_CUDA_TRY(cudaMallocHost((void **)&o->h_flags, sizeof(int) * (size_t)h->nparams));
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->scratch_a, sizeof(float) * (size_t)h->max_numel));
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->scratch_b, sizeof(float) * (size_t)h->max_numel));
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->counts, sizeof(int) * (size_t)h->max_numel));
@@ -348,6 +362,94 @@ fail:
   return st;
 }
 
+/* The AdamW all-reduce baseline, as distro__adamw_step: flatten the
+ * gradients with a flag slot (1 when this rank's gradient is not finite), one
+ * all-reduce (NCCL on the device buffer; a CPU comm through pinned host
+ * memory), fail on every rank when any flag is set or the sum overflowed,
+ * else the AdamW kernel on sum/world. Nothing changes before the checks. */
+static distro_status adamw_step(distro_cuda_optim *o, float lr, distro_step_stats *s, int want_stats) {
+  distro_status st = DISTRO_OK;
+  distro_optim *h = o->host;
+  distro_comm *comm = h->comm;
+  cudaStream_t S = o->stream;
+  const int world = comm->size, np = h->nparams;
+  const int64_t n = h->total_numel;
+  const size_t flat = sizeof(float) * (size_t)(n + 1);
+  float flag = 0;
+
+  DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_START], S));
+  DISTRO_CUDA_TRY(cudaMemsetAsync(o->d_flags, 0, sizeof(int) * (size_t)(np + 1), S));
+  int64_t off = 0;
+  for (int i = 0; i < np; i++) {
+    const int64_t ni = h->params[i].numel;
+    DISTRO_CUDA_TRY(distro__cuda_nonfinite(S, o->params[i].grad, ni, o->d_flags, i));
+    DISTRO_CUDA_TRY(cudaMemcpyAsync(o->d_flat + off, o->params[i].grad, sizeof(float) * (size_t)ni,
+                                    cudaMemcpyDeviceToDevice, S));
+    off += ni;
+  }
+  DISTRO_CUDA_TRY(distro__cuda_flag_slot(S, o->d_flags, np, o->d_flat + n));
+  DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_flags, o->d_flags, sizeof(int) * (size_t)np, cudaMemcpyDeviceToHost, S));
+  if (!o->nccl) DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_flat, o->d_flat, flat, cudaMemcpyDeviceToHost, S));
+  DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_FORWARD], S));
+  DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
+
+  double t0 = distro__now();
+  if (o->nccl) {
+    DISTRO_CHECK(comm->ops->allreduce_sum(comm, o->d_flat, (size_t)n + 1)); /* waits for the comm's stream */
+  } else {
+    DISTRO_CHECK(comm->ops->allreduce_sum(comm, o->h_flat, (size_t)n + 1));
+    DISTRO_CUDA_TRY(cudaMemcpyAsync(o->d_flat, o->h_flat, flat, cudaMemcpyHostToDevice, S));
+  }
+  s->seconds_exchange += distro__now() - t0;
+  uint64_t ring = world > 1 ? (uint64_t)(2.0 * (double)(world - 1) / (double)world * 4.0 * (double)n) : 0;
+  s->bytes_sent = s->bytes_received = ring;
+  if (o->nccl) {
+    DISTRO_CUDA_TRY(cudaMemcpyAsync(&flag, o->d_flat + n, sizeof flag, cudaMemcpyDeviceToHost, S));
+    DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
+  } else {
+    flag = o->h_flat[n];
+  }
+  if (flag != 0.0f) {
+    int bad = -1;
+    for (int i = 0; i < np && bad < 0; i++)
+      if (o->h_flags[i]) bad = i;
+    if (bad >= 0)
+      DISTRO_FAIL(DISTRO_ERR_NONFINITE, "non-finite gradient in tensor '%s'; nothing was applied",
+                  h->params[bad].name);
+    DISTRO_FAIL(DISTRO_ERR_NONFINITE, "%g rank(s) reported a non-finite gradient; nothing was applied",
+                (double)flag);
+  }
+  /* The sum is the same on every rank, so so is this verdict. */
+  DISTRO_CUDA_TRY(distro__cuda_nonfinite(S, o->d_flat, n, o->d_flags, np));
+  DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_flags + np, o->d_flags + np, sizeof(int), cudaMemcpyDeviceToHost, S));
+  DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
+  if (o->h_flags[np]) DISTRO_FAIL(DISTRO_ERR_NONFINITE, "the summed gradient overflowed; nothing was applied");
+
+  DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_UPLOADED], S));
+  const float shrink = 1.0f - lr * h->opt.weight_decay;
+  const int64_t t = h->step + 1;
+  const float c1 = (float)(1.0 - pow((double)h->opt.beta1, (double)t));
+  const float c2 = (float)(1.0 - pow((double)h->opt.beta2, (double)t));
+  off = 0;
+  for (int i = 0; i < np; i++) {
+    cuda_param *p = &o->params[i];
+    const int64_t ni = h->params[i].numel;
+    DISTRO_CUDA_TRY(distro__cuda_adamw_update(S, p->param, p->m, p->v, o->d_flat + off, ni, 1.0f / (float)world,
+                                              h->opt.beta1, h->opt.beta2, h->opt.eps, lr, shrink, c1, c2));
+    if (p->bf16) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, ni));
+    off += ni;
+  }
+  DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_DONE], S));
+  if (want_stats) {
+    DISTRO_CUDA_TRY(cudaEventSynchronize(o->ev[EV_DONE]));
+    s->seconds_transform += elapsed(o->ev[EV_START], o->ev[EV_FORWARD]); /* flatten + checks */
+    s->seconds_decode += elapsed(o->ev[EV_UPLOADED], o->ev[EV_DONE]);    /* the update */
+  }
+  return DISTRO_OK;
+fail:
+  return st;
+}
+
 distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step_stats *stats) {
   distro_status st;
   if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_step: optimizer is NULL");
@@ -369,7 +471,7 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
   } else if (st != DISTRO_OK) {
     return st;
   }
-  st = demo_step(o, lr, &s, stats != NULL);
+  st = h->opt.algorithm == DISTRO_ALG_DEMO ? demo_step(o, lr, &s, stats != NULL) : adamw_step(o, lr, &s, stats != NULL);
   if (st != DISTRO_OK) return st;
   h->step++;
   s.step = h->step;

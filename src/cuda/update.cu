@@ -26,6 +26,13 @@ __global__ void nonfinite_kernel(const float *x, int64_t n, int *flags, int slot
   if (__syncthreads_or(bad) && threadIdx.x == 0) flags[slot] = 1;
 }
 
+__global__ void flag_slot_kernel(const int *flags, int n, float *out) {
+  int any = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) any |= flags[i] != 0;
+  any = __syncthreads_or(any);
+  if (threadIdx.x == 0) *out = any ? 1.0f : 0.0f;
+}
+
 __global__ void momentum_kernel(float *next, const float *mom, float decay, float scale, int64_t n) {
   GRID_STRIDE(j, n) next[j] = __fadd_rn(__fmul_rn(decay, mom[j]), __fmul_rn(scale, next[j]));
 }
@@ -92,6 +99,11 @@ __global__ void bf16_kernel(const float *x, uint16_t *out, int64_t n) {
 extern "C" cudaError_t distro__cuda_nonfinite(cudaStream_t s, const float *x, int64_t n, int *flags, int slot) {
   if (n == 0) return cudaSuccess;
   nonfinite_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, flags, slot);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t distro__cuda_flag_slot(cudaStream_t s, const int *flags, int n, float *out) {
+  flag_slot_kernel<<<1, kThreads, 0, s>>>(flags, n, out);
   return cudaGetLastError();
 }
 

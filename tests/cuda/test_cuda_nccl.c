@@ -1,6 +1,7 @@
 /* The NCCL communicator (one rank: NCCL does not put two ranks on one GPU):
- * collectives on host and device buffers, and the CUDA optimizer over it
- * gives the same bits as over an in-process comm. */
+ * collectives on host and device buffers, and the CUDA optimizer (DeMo and
+ * the AdamW all-reduce baseline) over it gives the same bits as over an
+ * in-process comm. */
 #include <stdint.h>
 #include <string.h>
 
@@ -13,7 +14,7 @@
 
 #include "cuda_test.h"
 
-static void steps(distro_comm *comm, cudaStream_t s, float *out, int64_t n) {
+static void steps(distro_comm *comm, cudaStream_t s, distro_algorithm alg, float *out, int64_t n) {
   tu_rng r = {ct_seed_used};
   float *h = malloc(sizeof(float) * n), *dp, *dg;
   int64_t shape[2] = {64, n / 64};
@@ -21,7 +22,7 @@ static void steps(distro_comm *comm, cudaStream_t s, float *out, int64_t n) {
   CT_CUDA(cudaMalloc((void **)&dg, sizeof(float) * n));
   tu_fill_normal(&r, h, (size_t)n, 1.0f);
   CT_CUDA(cudaMemcpy(dp, h, sizeof(float) * n, cudaMemcpyHostToDevice));
-  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  distro_options o = distro_options_default(alg);
   distro_cuda_optim *opt = NULL;
   CT_CHECK(distro_cuda_optim_create(&o, comm, s, &opt) == DISTRO_OK, "create");
   CT_CHECK(distro_cuda_optim_add_param(opt, "w", dp, dg, 2, shape) == DISTRO_OK, "add");
@@ -74,11 +75,16 @@ int main(void) {
   /* the optimizer over NCCL vs over an in-process comm (wire v2: allgatherv) */
   const int64_t n = 64 * 96;
   float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
-  steps(c, s, a, n);
   distro_comm *local = NULL;
   distro_comm_local_group(1, &local);
-  steps(local, s, b, n);
-  CT_CHECK(!memcmp(a, b, sizeof(float) * n), "NCCL and local comms gave different parameters");
+  /* DeMo, and the AdamW baseline (its all-reduce on the device buffer) */
+  const distro_algorithm algs[2] = {DISTRO_ALG_DEMO, DISTRO_ALG_ADAMW};
+  for (int k = 0; k < 2; k++) {
+    steps(c, s, algs[k], a, n);
+    steps(local, s, algs[k], b, n);
+    CT_CHECK(!memcmp(a, b, sizeof(float) * n), "%s: NCCL and local comms gave different parameters",
+             k ? "AdamW baseline" : "DeMo");
+  }
   distro_comm_free(local);
   distro_comm_free(c);
   ncclCommDestroy(nccl);

@@ -1,7 +1,8 @@
 /* Whole multi-step runs, several ranks in one process (threads, one stream
  * each, one GPU): GPU ranks stay bit-identical; a job mixing CPU and GPU
  * ranks works (each decodes the other's payloads) and agrees within float32
- * rounding; a non-finite gradient fails the step everywhere and changes
+ * rounding; the AdamW all-reduce baseline on GPU ranks equals the CPU
+ * baseline; a non-finite gradient fails the step everywhere and changes
  * nothing; bf16 parameters follow their fp32 master. */
 #include <math.h>
 #include <stdint.h>
@@ -208,6 +209,48 @@ int main(void) {
     printf("variant %d: GPU vs CPU rank: %.4f%% of elements beyond 1e-5 relative\n", v, 100 * f);
     release(&g);
     release(&m);
+  }
+  /* The AdamW all-reduce baseline: GPU ranks bit-identical; a GPU rank in a
+   * job with CPU ranks (CPU comm, staged through the host) gets the same sum,
+   * and the update kernel rounds as the C code, so it matches bit for bit. */
+  distro_options adam = distro_options_default(DISTRO_ALG_ADAMW);
+  adam.weight_decay = 0.1f;
+  {
+    job g = make(adam, 3, GPU, GPU, GPU);
+    run(&g);
+    CT_CHECK(all_ok(&g), "AdamW baseline: GPU job failed");
+    CT_CHECK(identical(&g, 0, 1) && identical(&g, 0, 2), "AdamW baseline: GPU ranks differ");
+    job m = make(adam, 3, CPU, GPU, CPU);
+    run(&m);
+    CT_CHECK(all_ok(&m), "AdamW baseline: mixed CPU/GPU job failed");
+    double f = far_fraction(&m, 1, 0);
+    CT_CHECK(identical(&m, 1, 0), "AdamW baseline: GPU rank not bit-identical to the CPU rank");
+    printf("AdamW baseline: GPU vs CPU rank %s (%.4f%% beyond 1e-5 relative)\n",
+           identical(&m, 1, 0) ? "bit-identical" : "differ", 100 * f);
+    /* The all-GPU job saw the same gradients as the CPU ranks of the mixed one. */
+    double fg = 0;
+    for (int i = 0; i < NT; i++)
+      for (int64_t e = 0; e < numel(i); e++)
+        fg = fmax(fg, fabs((double)g.out[0][i][e] - (double)m.out[0][i][e]) / (1.0 + fabs((double)m.out[0][i][e])));
+    CT_CHECK(fg < 1e-5, "AdamW baseline: all-GPU job vs CPU ranks: max relative difference %g", fg);
+    printf("AdamW baseline: all-GPU job vs the CPU ranks: max relative difference %g\n", fg);
+    release(&g);
+    release(&m);
+    for (int k = 0; k < 2; k++) {
+      job n = make(adam, 2, k ? GPU : CPU, GPU, CPU);
+      n.nan_rank = k ? 0 : 1; /* the NaN on a GPU rank; its peer is a CPU rank, then a GPU rank */
+      n.nan_step = 2;
+      run(&n);
+      for (int r = 0; r < 2; r++) {
+        CT_CHECK(n.status[r][2] == DISTRO_ERR_NONFINITE, "AdamW baseline job %d rank %d: step with a NaN gave %d", k,
+                 r, (int)n.status[r][2]);
+        CT_CHECK(!n.moved[r], "AdamW baseline job %d rank %d: the failed step changed parameters", k, r);
+        CT_CHECK(n.status[r][3] == DISTRO_OK, "AdamW baseline job %d rank %d: the next step gave %d", k, r,
+                 (int)n.status[r][3]);
+      }
+      if (k) CT_CHECK(identical(&n, 0, 1), "AdamW baseline: GPU ranks differ after a failed step");
+      release(&n);
+    }
   }
   /* A NaN gradient on a GPU rank: every rank fails that step, nothing moves,
    * and the next step works. */
