@@ -51,6 +51,17 @@ DISTRO_API distro_status distro_cuda_optim_add_param_bf16(distro_cuda_optim *o, 
  * (it has finished when `stats` is given). On failure nothing changed. */
 DISTRO_API distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step_stats *stats);
 
+/* Optimizer state (step count, DeMo momentum, AdamW moments) in the file
+ * format of distro_optim_save / distro_optim_load: a GPU state loads into a
+ * CPU optimizer with the same options and tensors, and the other way round.
+ * The save waits for the stream and writes atomically (temporary file,
+ * fsync, rename) with a CRC32C trailer; the load verifies the whole file on
+ * the host and swaps fresh device buffers in only when everything checked
+ * out, so a failed load changes nothing. Both allocate the device state
+ * when no step has run yet. Parameters are not part of the state. */
+DISTRO_API distro_status distro_cuda_optim_save(const distro_cuda_optim *o, const char *path);
+DISTRO_API distro_status distro_cuda_optim_load(distro_cuda_optim *o, const char *path);
+
 DISTRO_API void distro_cuda_optim_free(distro_cuda_optim *o); /* accepts NULL */
 
 #ifdef DISTRO_WITH_NCCL

@@ -82,6 +82,13 @@ int main(void) {
   distro_status g = distro_cuda_optim_add_param(gpu, "a", dummy, dummy, 2, good);
   CT_CHECK(c == DISTRO_ERR_INVALID && g == c, "duplicate name: cpu %d gpu %d", (int)c, (int)g);
 
+  /* save / load: argument checks */
+  CT_CHECK(distro_cuda_optim_save(NULL, "x") == DISTRO_ERR_INVALID, "save: NULL optimizer");
+  CT_CHECK(distro_cuda_optim_save(gpu, NULL) == DISTRO_ERR_INVALID, "save: NULL path");
+  CT_CHECK(distro_cuda_optim_save(gpu, "") == DISTRO_ERR_INVALID, "save: empty path");
+  CT_CHECK(distro_cuda_optim_load(NULL, "x") == DISTRO_ERR_INVALID, "load: NULL optimizer");
+  CT_CHECK(distro_cuda_optim_load(gpu, NULL) == DISTRO_ERR_INVALID, "load: NULL path");
+
   /* step */
   CT_CHECK(distro_cuda_optim_step(NULL, 0.1f, NULL) == DISTRO_ERR_INVALID, "NULL optimizer");
   CT_CHECK(distro_cuda_optim_step(gpu, NAN, NULL) == DISTRO_ERR_INVALID, "NaN lr");

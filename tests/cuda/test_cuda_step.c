@@ -14,20 +14,11 @@
 #include "testutil.h"
 
 #include "cuda_test.h"
+#include "cuda_tensors.h"
 
 enum { CPU, GPU, GPU_BF16 };
-#define NT 3
 #define MAXW 3
 #define STEPS 4
-
-static const char *names[NT] = {"w", "b", "e"};
-static const int ndims[NT] = {2, 1, 3};
-static const int64_t shapes[NT][3] = {{96, 100}, {67}, {2, 10, 24}};
-static int64_t numel(int i) {
-  int64_t n = 1;
-  for (int d = 0; d < ndims[i]; d++) n *= shapes[i][d];
-  return n;
-}
 
 typedef struct {
   distro_options opt;
