@@ -1,9 +1,9 @@
 # CUDA backend (src/cuda/, include/distro/cuda.h), included from the
 # top-level CMakeLists.txt after the library targets exist.
 #
-#   DISTRO_CUDA=AUTO  build it when nvcc, cuBLAS and NCCL are found; else skip
-#                     with a message
-#   DISTRO_CUDA=ON    require nvcc and cuBLAS; NCCL is used when found
+#   DISTRO_CUDA=AUTO  build it when nvcc, cuBLAS, cuFFT and NCCL are found;
+#                     else skip with a message
+#   DISTRO_CUDA=ON    require nvcc, cuBLAS and cuFFT; NCCL is used when found
 #   DISTRO_CUDA=OFF   never
 #   NCCL_ROOT         where nccl.h / libnccl.so live, when not beside cuBLAS
 #   DISTRO_CUDA_TESTS with DISTRO_TESTS=OFF: still build and register the
@@ -28,8 +28,8 @@ if(NOT DISTRO_CUDA STREQUAL "OFF")
   set(_distro_cuda_why "")
   if(NOT CMAKE_CUDA_COMPILER)
     set(_distro_cuda_why "no CUDA compiler (nvcc) found")
-  elseif(NOT CUDAToolkit_FOUND OR NOT TARGET CUDA::cublas)
-    set(_distro_cuda_why "the CUDA toolkit or cuBLAS was not found")
+  elseif(NOT CUDAToolkit_FOUND OR NOT TARGET CUDA::cublas OR NOT TARGET CUDA::cufft)
+    set(_distro_cuda_why "the CUDA toolkit, cuBLAS or cuFFT was not found")
   endif()
   if(NOT _distro_cuda_why)
     find_path(DISTRO_NCCL_INCLUDE_DIR nccl.h
@@ -93,7 +93,7 @@ if(DISTRO_WITH_CUDA)
 
   # Absolute paths of the CUDA libraries (see the note at the top).
   set(_distro_cuda_libs)
-  foreach(_t cudart cublas)
+  foreach(_t cudart cublas cufft)
     get_target_property(_loc CUDA::${_t} IMPORTED_LOCATION)
     list(APPEND _distro_cuda_libs ${_loc})
   endforeach()

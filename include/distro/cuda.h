@@ -45,6 +45,23 @@ DISTRO_API distro_status distro_cuda_optim_add_param_bf16(distro_cuda_optim *o, 
                                                           float *master, const float *grad, int ndim,
                                                           const int64_t *shape);
 
+/* How the DeMo step computes its chunked DCTs. GEMM (the default): two
+ * cuBLAS GEMMs per direction against the orthonormal bases. FFT: cuFFT
+ * (Makhoul's method, one real FFT per tile row/column) for every tensor.
+ * AUTO: cuFFT for tensors whose larger tile edge is >= DISTRO_CUDA_FFT_MIN_EDGE,
+ * GEMM for the rest. Both agree with the CPU DCT within float32 rounding, not
+ * bit for bit (and not with each other), so every GPU rank of a job should use
+ * the same method. The default stays GEMM until bench_cuda_step has measured
+ * the two on a GPU. Call before the first step, save or load
+ * (DISTRO_ERR_INVALID afterwards). */
+typedef enum {
+  DISTRO_CUDA_DCT_GEMM = 0,
+  DISTRO_CUDA_DCT_FFT = 1,
+  DISTRO_CUDA_DCT_AUTO = 2
+} distro_cuda_dct;
+#define DISTRO_CUDA_FFT_MIN_EDGE 128
+DISTRO_API distro_status distro_cuda_optim_set_dct(distro_cuda_optim *o, distro_cuda_dct method);
+
 /* One collective step, ordered on the optimizer's stream after whatever the
  * caller queued there (the gradients). It waits for the stream once, for the
  * exchange; the update is queued and may still run when the call returns

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 #include <cublas_v2.h>
+#include <cufft.h>
 #include <cuda_runtime_api.h>
 #include <distro/status.h>
 
@@ -53,6 +54,30 @@ distro_status distro__cuda_dct_encode(cublasHandle_t h, cudaStream_t s, const di
 /* x = per-tile inverse DCT(coef). */
 distro_status distro__cuda_dct_decode(cublasHandle_t h, cudaStream_t s, const distro__cuda_dct *p, const float *coef,
                                       float *x, float *scratch);
+
+/* ---- chunked DCT through cuFFT (dct_fft.cu) ------------------------------ */
+
+/* Four 1-D plans (R2C and C2R along w, then along h; a plan is absent when
+ * that tile edge is 1), made without work areas: the caller gives one
+ * shared area of the largest size any plan asked for. */
+typedef struct distro__cuda_fft_dct {
+  distro__tiling t;
+  cufftHandle plan[4];
+  int have[4];
+} distro__cuda_fft_dct;
+
+/* Plans for one tiling; *work grows to the largest work size needed. */
+distro_status distro__cuda_fft_init(distro__cuda_fft_dct *p, const distro__tiling *t, size_t *work);
+distro_status distro__cuda_fft_set_work(distro__cuda_fft_dct *p, void *work);
+void distro__cuda_fft_destroy(distro__cuda_fft_dct *p); /* safe after a failed init */
+/* Complex elements (cufftComplex) the encode/decode buffer must hold. */
+int64_t distro__cuda_fft_cbuf(const distro__tiling *t);
+/* As distro__cuda_dct_encode / _decode: scratch holds rows*cols floats, cbuf
+ * distro__cuda_fft_cbuf(t) complex values; no aliasing. */
+distro_status distro__cuda_fft_encode(const distro__cuda_fft_dct *p, cudaStream_t s, const float *x, float *coef,
+                                      float *scratch, void *cbuf);
+distro_status distro__cuda_fft_decode(const distro__cuda_fft_dct *p, cudaStream_t s, const float *coef, float *x,
+                                      float *scratch, void *cbuf);
 
 /* ---- per-chunk top-k (topk.cu) ------------------------------------------- */
 

@@ -26,6 +26,8 @@ typedef struct {
   uint16_t *bf16;     /* bf16 copy written after each update, or NULL */
   float *mom, *mom_next, *m, *v;
   distro__cuda_dct dct;
+  distro__cuda_fft_dct fft;
+  int use_fft;        /* this tensor's DCT runs through cuFFT */
 } cuda_param;
 
 typedef struct {
@@ -57,6 +59,8 @@ struct distro_cuda_optim {
   int *counts;                     /* max_numel */
   cudaEvent_t ev[EV_COUNT];
   int have_events;
+  distro_cuda_dct dct_method;      /* distro_cuda_optim_set_dct */
+  void *fft_work, *fft_cbuf;       /* shared by every cuFFT tensor */
 };
 
 distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *comm, cudaStream_t stream,
@@ -111,6 +115,17 @@ distro_status distro_cuda_optim_add_param_bf16(distro_cuda_optim *o, const char 
   return add(o, name, param_bf16, master, grad, ndim, shape);
 }
 
+distro_status distro_cuda_optim_set_dct(distro_cuda_optim *o, distro_cuda_dct method) {
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_set_dct: optimizer is NULL");
+  if (method != DISTRO_CUDA_DCT_GEMM && method != DISTRO_CUDA_DCT_FFT && method != DISTRO_CUDA_DCT_AUTO)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_set_dct: unknown method %d", (int)method);
+  if (o->ready)
+    return distro__fail(DISTRO_ERR_INVALID,
+                        "distro_cuda_optim_set_dct: the device state exists already (call it before the first step)");
+  o->dct_method = method;
+  return DISTRO_OK;
+}
+
 /* ---- state ------------------------------------------------------------------ */
 
 static void free_device_state(distro_cuda_optim *o) {
@@ -122,6 +137,8 @@ static void free_device_state(distro_cuda_optim *o) {
     cudaFree(p->m);
     cudaFree(p->v);
     p->mom = p->mom_next = p->m = p->v = NULL;
+    distro__cuda_fft_destroy(&p->fft);
+    p->use_fft = 0;
     h->params[i].idx = NULL; /* they pointed into h_sel_idx / h_sel_val */
     h->params[i].val = NULL;
   }
@@ -145,6 +162,9 @@ static void free_device_state(distro_cuda_optim *o) {
   cudaFreeHost(o->h_flags);
   cudaFree(o->d_flat);
   cudaFreeHost(o->h_flat);
+  cudaFree(o->fft_work);
+  cudaFree(o->fft_cbuf);
+  o->fft_work = o->fft_cbuf = NULL;
   o->d_flat = o->h_flat = NULL;
   cudaFree(o->scratch_a);
   cudaFree(o->scratch_b);
@@ -209,6 +229,8 @@ static distro_status prepare(distro_cuda_optim *o) {
     DISTRO_CUDA_TRY(cudaEventCreate(&o->ev[e]));
     o->have_events = e + 1 == EV_COUNT;
   }
+  size_t fft_work = 0;
+  int64_t fft_cbuf = 0;
   h->max_numel = h->total_numel = 0;
   h->tilings = malloc(sizeof(distro__tiling) * (size_t)h->nparams);
   if (!h->tilings) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
@@ -230,6 +252,20 @@ static distro_status prepare(distro_cuda_optim *o) {
     DISTRO_CHECK(basis_for(o, hp->tiling.w, &p->dct.fw));
     DISTRO_CHECK(zeroed((void **)&p->mom, bytes));
     DISTRO_CHECK(zeroed((void **)&p->mom_next, bytes));
+    const int64_t edge = hp->tiling.h > hp->tiling.w ? hp->tiling.h : hp->tiling.w;
+    if (hp->tiling.chunk_elems > 1 && (o->dct_method == DISTRO_CUDA_DCT_FFT ||
+                                       (o->dct_method == DISTRO_CUDA_DCT_AUTO && edge >= DISTRO_CUDA_FFT_MIN_EDGE))) {
+      DISTRO_CHECK(distro__cuda_fft_init(&p->fft, &hp->tiling, &fft_work));
+      p->use_fft = 1;
+      const int64_t c = distro__cuda_fft_cbuf(&hp->tiling);
+      if (c > fft_cbuf) fft_cbuf = c;
+    }
+  }
+  if (fft_cbuf > 0) {
+    DISTRO_CUDA_TRY(cudaMalloc(&o->fft_work, fft_work ? fft_work : 1));
+    DISTRO_CUDA_TRY(cudaMalloc(&o->fft_cbuf, sizeof(cufftComplex) * (size_t)fft_cbuf));
+    for (int i = 0; i < h->nparams; i++)
+      if (o->params[i].use_fft) DISTRO_CHECK(distro__cuda_fft_set_work(&o->params[i].fft, o->fft_work));
   }
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_flags, sizeof(int) * (size_t)(h->nparams + 1)));
   DISTRO_CUDA_TRY(cudaMallocHost((void **)&o->h_flags, sizeof(int) * (size_t)(h->nparams + 1)));
@@ -297,7 +333,10 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;
     DISTRO_CUDA_TRY(distro__cuda_nonfinite(S, p->grad, n, o->d_flags, i));
-    DISTRO_CHECK(distro__cuda_dct_encode(o->blas, S, &p->dct, p->grad, p->mom_next, o->scratch_a));
+    if (p->use_fft)
+      DISTRO_CHECK(distro__cuda_fft_encode(&p->fft, S, p->grad, p->mom_next, o->scratch_a, o->fft_cbuf));
+    else
+      DISTRO_CHECK(distro__cuda_dct_encode(o->blas, S, &p->dct, p->grad, p->mom_next, o->scratch_a));
     DISTRO_CUDA_TRY(distro__cuda_momentum(S, p->mom_next, p->mom, decay, scale, n));
   }
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_FORWARD], S));
@@ -342,7 +381,10 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
     DISTRO_CUDA_TRY(distro__cuda_aggregate(S, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
                                            o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
                                            o->scratch_a, o->counts));
-    DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
+    if (p->use_fft)
+      DISTRO_CHECK(distro__cuda_fft_decode(&p->fft, S, o->scratch_a, q, o->scratch_b, o->fft_cbuf));
+    else
+      DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
     if (sign_update)
       DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, lr, shrink, n));
     else

@@ -82,6 +82,12 @@ int main(void) {
   distro_status g = distro_cuda_optim_add_param(gpu, "a", dummy, dummy, 2, good);
   CT_CHECK(c == DISTRO_ERR_INVALID && g == c, "duplicate name: cpu %d gpu %d", (int)c, (int)g);
 
+  /* DCT method: before the state exists only */
+  CT_CHECK(distro_cuda_optim_set_dct(NULL, DISTRO_CUDA_DCT_FFT) == DISTRO_ERR_INVALID, "set_dct: NULL");
+  CT_CHECK(distro_cuda_optim_set_dct(gpu, (distro_cuda_dct)7) == DISTRO_ERR_INVALID, "set_dct: bad method");
+  CT_CHECK(distro_cuda_optim_set_dct(gpu, DISTRO_CUDA_DCT_AUTO) == DISTRO_OK, "set_dct auto: %s", distro_last_error());
+  CT_CHECK(distro_cuda_optim_set_dct(gpu, DISTRO_CUDA_DCT_GEMM) == DISTRO_OK, "set_dct gemm: %s", distro_last_error());
+
   /* save / load: argument checks */
   CT_CHECK(distro_cuda_optim_save(NULL, "x") == DISTRO_ERR_INVALID, "save: NULL optimizer");
   CT_CHECK(distro_cuda_optim_save(gpu, NULL) == DISTRO_ERR_INVALID, "save: NULL path");

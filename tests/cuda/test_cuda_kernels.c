@@ -1,5 +1,6 @@
 /* Each CUDA kernel against the CPU implementation on fresh random inputs,
- * with poisoned outputs and sizes that are not multiples of the block. */
+ * with poisoned outputs and sizes that are not multiples of the block; the
+ * cuFFT DCT also on large chunks (128, 256) with odd and uneven edges. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -261,6 +262,69 @@ static void test_elementwise(void) {
   free(hb);
 }
 
+/* Large chunks for the cuFFT DCT: even, odd and non-power-of-two edges. */
+static const tcase fft_cases[] = {
+    {2, {384, 640}, 128, 32}, {2, {250, 96}, 128, 16}, {1, {1000}, 128, 8},
+    {3, {2, 256, 200}, 256, 64}, {2, {512, 512}, 256, 100}, {2, {129, 131}, 256, 7},
+};
+
+/* The cuFFT DCT against the CPU DCT (and its own inverse). */
+static void test_fft_dct(const tcase *c) {
+  distro__tiling t;
+  distro__tiling_init(&t, c->ndim, c->shape, c->chunk, c->topk);
+  const int64_t n = t.rows * t.cols;
+  distro__dct_plan plan;
+  CT_CHECK(distro__dct_plan_init(&plan, &t, DISTRO__DCT_GEMM) == DISTRO_OK, "plan");
+  float *x = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n), *scr = malloc(sizeof(float) * n),
+        *got = malloc(sizeof(float) * n), *back = malloc(sizeof(float) * n);
+  tu_fill_normal(&rng, x, (size_t)n, 1.0f);
+  distro__dct_encode_tiles(&plan, x, ref, scr);
+  distro__cuda_fft_dct f;
+  size_t work = 0;
+  CT_CHECK(distro__cuda_fft_init(&f, &t, &work) == DISTRO_OK, "fft init: %s", distro_last_error());
+  void *dw = dmalloc(work), *dcb = dmalloc(sizeof(float) * 2 * (size_t)distro__cuda_fft_cbuf(&t));
+  CT_CHECK(distro__cuda_fft_set_work(&f, dw) == DISTRO_OK, "fft work: %s", distro_last_error());
+  float *dx = dmalloc(sizeof(float) * n), *dc = dmalloc(sizeof(float) * n), *ds = dmalloc(sizeof(float) * n),
+        *dy = dmalloc(sizeof(float) * n);
+  up(dx, x, sizeof(float) * n);
+  CT_CHECK(distro__cuda_fft_encode(&f, 0, dx, dc, ds, dcb) == DISTRO_OK, "fft encode: %s", distro_last_error());
+  down(got, dc, sizeof(float) * n);
+  double worst = 0;
+  for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
+  CT_CHECK(worst < 1e-4, "cuFFT DCT %lldx%lld (chunk %lldx%lld): max |gpu - cpu| = %g", (long long)t.rows,
+           (long long)t.cols, (long long)t.h, (long long)t.w, worst);
+  printf("cuFFT DCT %lldx%lld, tile %lldx%lld: max |gpu - cpu| %.2e", (long long)t.rows, (long long)t.cols,
+         (long long)t.h, (long long)t.w, worst);
+  CT_CHECK(distro__cuda_fft_decode(&f, 0, dc, dy, ds, dcb) == DISTRO_OK, "fft decode: %s", distro_last_error());
+  down(back, dy, sizeof(float) * n);
+  worst = 0;
+  for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)back[i] - x[i]));
+  CT_CHECK(worst < 1e-4, "cuFFT inverse DCT round trip (tile %lldx%lld): max error %g", (long long)t.h,
+           (long long)t.w, worst);
+  /* the inverse of the CPU's coefficients */
+  up(dc, ref, sizeof(float) * n);
+  CT_CHECK(distro__cuda_fft_decode(&f, 0, dc, dy, ds, dcb) == DISTRO_OK, "fft decode: %s", distro_last_error());
+  down(back, dy, sizeof(float) * n);
+  double w2 = 0;
+  for (int64_t i = 0; i < n; i++) w2 = fmax(w2, fabs((double)back[i] - x[i]));
+  CT_CHECK(w2 < 1e-4, "cuFFT inverse of the CPU DCT (tile %lldx%lld): max error %g", (long long)t.h, (long long)t.w,
+           w2);
+  printf(", round trip %.2e, inverse of CPU coefficients %.2e\n", worst, w2);
+  distro__cuda_fft_destroy(&f);
+  distro__dct_plan_destroy(&plan);
+  cudaFree(dw);
+  cudaFree(dcb);
+  cudaFree(dx);
+  cudaFree(dc);
+  cudaFree(ds);
+  cudaFree(dy);
+  free(x);
+  free(ref);
+  free(scr);
+  free(got);
+  free(back);
+}
+
 int main(void) {
   ct_require_gpu("test_cuda_kernels");
   ct_seed_used = tu_seed();
@@ -272,10 +336,12 @@ int main(void) {
   }
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     test_dct(&cases[i], h);
+    test_fft_dct(&cases[i]);
     test_topk(&cases[i], 0);
     test_topk(&cases[i], 1);
     test_aggregate(&cases[i]);
   }
+  for (size_t i = 0; i < sizeof fft_cases / sizeof fft_cases[0]; i++) test_fft_dct(&fft_cases[i]);
   test_elementwise();
   cublasDestroy(h);
   return ct_finish("test_cuda_kernels");

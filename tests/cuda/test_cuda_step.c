@@ -25,6 +25,7 @@ typedef struct {
   int world;
   int kind[MAXW];
   int nan_rank, nan_step; /* -1: none */
+  distro_cuda_dct dct;     /* GPU ranks' DCT method */
   uint64_t seed;
   float *out[MAXW][NT];      /* final parameters per rank */
   uint16_t *out_bf16[MAXW][NT];
@@ -50,6 +51,7 @@ static distro_status rank_fn(distro_comm *comm, int rank, void *arg) {
   if (kind != CPU) CT_CUDA(cudaStreamCreate(&s));
   st = kind == CPU ? distro_optim_create(&j->opt, comm, &cpu) : distro_cuda_optim_create(&j->opt, comm, s, &gpu);
   CT_CHECK(st == DISTRO_OK, "create: %s", distro_last_error());
+  if (gpu) CT_CHECK(distro_cuda_optim_set_dct(gpu, j->dct) == DISTRO_OK, "set_dct: %s", distro_last_error());
   for (int i = 0; i < NT; i++) {
     const int64_t n = numel(i);
     hp[i] = malloc(sizeof(float) * n);
@@ -198,6 +200,24 @@ int main(void) {
     double f = far_fraction(&m, 1, 0);
     CT_CHECK(f < 2e-3, "variant %d: %.4f%% of GPU parameters differ from the CPU rank's", v, 100 * f);
     printf("variant %d: GPU vs CPU rank: %.4f%% of elements beyond 1e-5 relative\n", v, 100 * f);
+    release(&g);
+    release(&m);
+  }
+  /* The cuFFT DCT on every tensor (sign and AdamW updates): GPU ranks stay
+   * bit-identical and agree with CPU ranks within rounding. */
+  for (int v = 0; v < 4; v += 3) {
+    job g = make(variants[v], 3, GPU, GPU, GPU);
+    g.dct = DISTRO_CUDA_DCT_FFT;
+    run(&g);
+    CT_CHECK(all_ok(&g), "variant %d, cuFFT DCT: GPU job failed", v);
+    CT_CHECK(identical(&g, 0, 1) && identical(&g, 0, 2), "variant %d, cuFFT DCT: GPU ranks differ", v);
+    job m = make(variants[v], 3, CPU, GPU, CPU);
+    m.dct = DISTRO_CUDA_DCT_FFT;
+    run(&m);
+    CT_CHECK(all_ok(&m), "variant %d, cuFFT DCT: mixed CPU/GPU job failed", v);
+    double f = far_fraction(&m, 1, 0);
+    CT_CHECK(f < 2e-3, "variant %d, cuFFT DCT: %.4f%% of GPU parameters differ from the CPU rank's", v, 100 * f);
+    printf("variant %d, cuFFT DCT: GPU vs CPU rank: %.4f%% of elements beyond 1e-5 relative\n", v, 100 * f);
     release(&g);
     release(&m);
   }
