@@ -4,7 +4,11 @@
 // with a large device-to-device copy, and the bytes each phase moves.
 //
 //   bench_cuda_step [--layers N] [--steps N] [--warmup N] [--chunk N]
-//                   [--topk N] [--wire 1|2] [--local]
+//                   [--topk N] [--wire 1|2] [--local] [--dct gemm|fft|auto]
+//
+// --dct picks the chunked DCT (distro_cuda_optim_set_dct); the run prints a
+// BENCH_DCT line (method, chunk, transform and decode phase medians in ms)
+// that bench/gpu-check.sh compares across methods.
 //
 // Ends with a table between "== table" and "== end" (bench/gpu-check.sh
 // quotes it).
@@ -90,6 +94,8 @@ static double median(std::vector<double> v) {
 
 int main(int argc, char **argv) {
   int layers = 0, steps = 10, warmup = 3, use_local = 0;
+  distro_cuda_dct dct = DISTRO_CUDA_DCT_GEMM;
+  const char *dct_name = "gemm";
   distro_options o = distro_options_default(DISTRO_ALG_DEMO);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -101,8 +107,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--topk")) o.topk = atoi(v), i++;
     else if (!strcmp(a, "--wire")) o.wire_version = atoi(v), i++;
     else if (!strcmp(a, "--local")) use_local = 1;
+    else if (!strcmp(a, "--dct") && (!strcmp(v, "gemm") || !strcmp(v, "fft") || !strcmp(v, "auto"))) {
+      dct_name = v;
+      dct = !strcmp(v, "fft") ? DISTRO_CUDA_DCT_FFT : !strcmp(v, "auto") ? DISTRO_CUDA_DCT_AUTO : DISTRO_CUDA_DCT_GEMM;
+      i++;
+    }
     else {
-      fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--chunk N] [--topk N] [--wire 1|2] [--local]\n",
+      fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--chunk N] [--topk N] [--wire 1|2] [--local] [--dct gemm|fft|auto]\n",
               argv[0]);
       return 2;
     }
@@ -137,13 +148,14 @@ int main(int argc, char **argv) {
   if (!comm) DK(distro_comm_local_group(1, &comm));
   distro_cuda_optim *opt;
   DK(distro_cuda_optim_create(&o, comm, s, &opt));
+  DK(distro_cuda_optim_set_dct(opt, dct));
   for (int i = 0; i < m.ntensors; i++)
     DK(distro_cuda_optim_add_param(opt, m.t[i].name, p + m.t[i].offset, g + m.t[i].offset, m.t[i].ndim,
                                    m.t[i].shape));
   uint64_t bound = 0;
   DK(distro_payload_bytes(&o, m.ntensors, m.ndims, m.shapes, &bound));
-  printf("options: chunk %d, topk %d, wire v%d, F32 values, sign update; comm %s (1 rank)\n", o.chunk, o.topk,
-         o.wire_version, comm_name);
+  printf("options: chunk %d, topk %d, wire v%d, F32 values, sign update, DCT %s; comm %s (1 rank)\n", o.chunk,
+         o.topk, o.wire_version, dct_name, comm_name);
 
   std::vector<double> tr, tk, ex, de, tot;
   uint64_t sent = 0;
@@ -189,6 +201,7 @@ int main(int argc, char **argv) {
   printf("%-34s %10.2f %10.2f %10.0f\n", "memory floor (20 B/param)", floor_t * 1e3, floor_b / 1e9, bw / 1e9);
   printf("step / floor: %.2fx (target <= 2x)\n", t_tot / floor_t);
   printf("BENCH_STEP_MS %.3f\n", t_tot * 1e3);
+  printf("BENCH_DCT %s %d %.3f %.3f\n", dct_name, o.chunk, t_tr * 1e3, t_de * 1e3);
   printf("== end\n");
 
   distro_cuda_optim_free(opt);

@@ -6,7 +6,8 @@
 #                                  into .gpu-deps/ (ignored; carry it)
 #   bench/gpu-check.sh OUTDIR      on the GPU machine: configure and build with
 #                                  CUDA in build-gpu/, run the CUDA tests, the
-#                                  step benchmark (1.2B Llama-2 shapes) and,
+#                                  step benchmark (1.2B Llama-2 shapes), the
+#                                  GEMM-vs-cuFFT DCT comparison at chunk 128 and,
 #                                  where PyTorch imports, the PyTorch baseline;
 #                                  full logs in OUTDIR, one short table last.
 #
@@ -99,6 +100,12 @@ if [ $result_build = OK ]; then
     result_bench="FAIL (rc $?)"
     tail -20 "$out/bench.log"
   fi
+  # GEMM vs cuFFT DCT at chunk 128 (the default stays GEMM until this is read).
+  for m in gemm fft; do
+    say "step at chunk 128, DCT $m (bench-dct-$m.log)"
+    timeout 120 "$build/bench/bench_cuda_step" --chunk 128 --steps 5 --warmup 2 --dct $m >"$out/bench-dct-$m.log" 2>&1 ||
+      { echo "bench --dct $m failed (rc $?)"; tail -5 "$out/bench-dct-$m.log"; }
+  done
 fi
 
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
@@ -119,6 +126,15 @@ torch_ms=$(awk '/^TORCH_STEP_MS/ {print $2}' "$out/torch.log" 2>/dev/null)
   echo "== gpu-check summary ($(date -u +%Y-%m-%dT%H:%MZ), $(($(date +%s) - t0)) s)"
   echo "build: $result_build; tests: $result_tests; bench: $result_bench; torch: $result_torch"
   sed -n '/^== table/,/^== end/p' "$out/bench.log" 2>/dev/null | grep -v '^== '
+  dg=$(awk '/^BENCH_DCT/ {print $4, $5}' "$out/bench-dct-gemm.log" 2>/dev/null)
+  df=$(awk '/^BENCH_DCT/ {print $4, $5}' "$out/bench-dct-fft.log" 2>/dev/null)
+  if [ -n "$dg" ] && [ -n "$df" ]; then
+    echo "$dg $df" | awk '{ g = $1 + $2; f = $3 + $4;
+      printf "DCT at chunk 128 (transform + decode phases, ms): GEMM %.2f + %.2f = %.2f; cuFFT %.2f + %.2f = %.2f; cuFFT/GEMM %.2fx\n",
+             $1, $2, g, $3, $4, f, f / g }'
+  else
+    echo "DCT at chunk 128: GEMM vs cuFFT not measured (see bench-dct-*.log)"
+  fi
   if [ -n "$step_ms" ] && [ -n "$torch_ms" ]; then
     awk -v a="$step_ms" -v b="$torch_ms" 'BEGIN { printf "PyTorch step %.2f ms; distro step %.2f ms; speedup %.2fx (target >= 3x)\n", b, a, b / a }'
   fi
