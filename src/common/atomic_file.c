@@ -1,4 +1,4 @@
-/* Atomic, checksummed file writes (see atomic_file.h). */
+/* Checksummed state files: atomic writes, checked reads (see atomic_file.h). */
 #include "common/atomic_file.h"
 
 #include <errno.h>
@@ -90,4 +90,35 @@ void distro__afile_abort(distro__afile *a) {
   free(a->tmp);
   free(a->path);
   memset(a, 0, sizeof *a);
+}
+
+distro_status distro__rfile_open(distro__rfile *r, const char *path) {
+  memset(r, 0, sizeof *r);
+  r->path = path;
+  r->f = fopen(path, "rb");
+  if (!r->f) return distro__fail(DISTRO_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+  return DISTRO_OK;
+}
+
+distro_status distro__rfile_read(distro__rfile *r, void *p, size_t n) {
+  if (n == 0) return DISTRO_OK;
+  if (fread(p, 1, n, r->f) != n) return distro__fail(DISTRO_ERR_IO, "'%s' is truncated or unreadable", r->path);
+  r->crc = distro__crc32c_update(r->crc, p, n);
+  return DISTRO_OK;
+}
+
+distro_status distro__rfile_finish(distro__rfile *r) {
+  const uint32_t want = r->crc;
+  uint32_t got;
+  distro_status st = distro__rfile_read(r, &got, 4);
+  if (st != DISTRO_OK) return st;
+  if (got != want) return distro__fail(DISTRO_ERR_IO, "'%s': checksum mismatch (file corrupt)", r->path);
+  if (fgetc(r->f) != EOF) return distro__fail(DISTRO_ERR_IO, "'%s': trailing bytes after the checksum", r->path);
+  distro__rfile_close(r);
+  return DISTRO_OK;
+}
+
+void distro__rfile_close(distro__rfile *r) {
+  if (r->f) fclose(r->f);
+  r->f = NULL;
 }

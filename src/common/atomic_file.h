@@ -1,7 +1,8 @@
-/* Atomic, checksummed file writes: everything goes to a temporary file next
- * to the target, which is flushed, synced, renamed over the target, and the
- * directory synced, so a crash leaves the old file or the new one, never a
- * mix. A CRC32C of everything written is kept for the trailer. */
+/* Checksummed state files. Writes are atomic: everything goes to a
+ * temporary file next to the target, which is flushed, synced, renamed over
+ * the target, and the directory synced, so a crash leaves the old file or
+ * the new one, never a mix; a CRC32C of everything written is the trailer.
+ * Reads fold every byte into the same CRC and check the trailer at the end. */
 #ifndef DISTRO_COMMON_ATOMIC_FILE_H
 #define DISTRO_COMMON_ATOMIC_FILE_H
 
@@ -34,5 +35,19 @@ distro_status distro__afile_commit(distro__afile *a);
 
 /* Drops a write in progress (safe on a handle that was never opened). */
 void distro__afile_abort(distro__afile *a);
+
+/* Reading: open, read (a short read is "truncated"), then finish, which
+ * checks the CRC trailer and that nothing follows it. close accepts a
+ * handle that was never opened or is already closed. */
+typedef struct {
+  FILE *f;
+  const char *path; /* borrowed, for messages */
+  uint32_t crc;
+} distro__rfile;
+
+distro_status distro__rfile_open(distro__rfile *r, const char *path);
+distro_status distro__rfile_read(distro__rfile *r, void *p, size_t n);
+distro_status distro__rfile_finish(distro__rfile *r);
+void distro__rfile_close(distro__rfile *r);
 
 #endif

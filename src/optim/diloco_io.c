@@ -13,15 +13,11 @@
  * Written to a temporary file, synced and renamed over the target (a crash
  * leaves the old or the new file); loads check everything into fresh
  * buffers and swap them in only at the end. */
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/atomic_file.h"
-#include "common/crc32c.h"
 #include "common/error.h"
 #include "optim/diloco_internal.h"
 #include "optim/optim_internal.h"
@@ -62,11 +58,7 @@ distro_status distro_diloco_save(distro_diloco *d, const char *path) {
   distro__afile_u32(&w, (uint32_t)d->nt);
   for (int i = 0; i < d->nt; i++) {
     const distro__param *p = &d->inner->params[i];
-    uint32_t nl = (uint32_t)strlen(p->name);
-    distro__afile_u32(&w, nl);
-    distro__afile_write(&w, p->name, nl);
-    distro__afile_u32(&w, (uint32_t)p->ndim);
-    for (int k = 0; k < p->ndim; k++) distro__afile_u64(&w, (uint64_t)p->shape[k]);
+    distro__state_put_tensor(&w, p);
     distro__afile_u32(&w, (uint32_t)d->layer[i]);
     distro__afile_u32(&w, d->tflags[i]);
   }
@@ -103,89 +95,59 @@ fail:
   return st;
 }
 
-typedef struct {
-  FILE *f;
-  uint32_t crc;
-  const char *path;
-} reader;
-
-static distro_status r_bytes(reader *r, void *p, size_t n) {
-  if (n == 0) return DISTRO_OK;
-  if (fread(p, 1, n, r->f) != n) return distro__fail(DISTRO_ERR_IO, "'%s' is truncated or unreadable", r->path);
-  r->crc = distro__crc32c_update(r->crc, p, n);
-  return DISTRO_OK;
-}
-
 distro_status distro_diloco_load(distro_diloco *d, const char *path) {
   distro_status st = DISTRO_OK;
-  reader r = {0};
+  distro__rfile r = {0};
   float **fresh = NULL;
   const int P = d ? d->opt.fragments : 0;
   if (!d || !path) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_load: NULL argument");
   DISTRO_CHECK(distro__diloco_prepare(d));
   (void)distro__diloco_wait(d, NULL); /* the loaded state replaces its outcome */
-  r.path = path;
-  r.f = fopen(path, "rb");
-  if (!r.f) DISTRO_FAIL(DISTRO_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+  DISTRO_CHECK(distro__rfile_open(&r, path));
   char magic[8];
   uint32_t version, hf[11], want[11], nt, gi;
   uint64_t max_block, t, peak, total;
-  DISTRO_CHECK(r_bytes(&r, magic, 8));
+  DISTRO_CHECK(distro__rfile_read(&r, magic, 8));
   if (memcmp(magic, DLC_MAGIC, 8) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s' is not a distro DiLoCo state file", path);
-  DISTRO_CHECK(r_bytes(&r, &version, 4));
+  DISTRO_CHECK(distro__rfile_read(&r, &version, 4));
   if (version != DLC_STATE_VERSION) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': unsupported DiLoCo state version %u", path, version);
   header_fields(d, want);
   for (int i = 0; i < 11; i++) {
-    DISTRO_CHECK(r_bytes(&r, &hf[i], 4));
+    DISTRO_CHECK(distro__rfile_read(&r, &hf[i], 4));
     if (hf[i] != want[i])
       DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved with a different DiLoCo option %s", path, field_names[i]);
   }
-  DISTRO_CHECK(r_bytes(&r, &max_block, 8));
+  DISTRO_CHECK(distro__rfile_read(&r, &max_block, 8));
   if (max_block != (uint64_t)d->max_block)
     DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved with max_block %llu, this run uses %lld", path,
                 (unsigned long long)max_block, (long long)d->max_block);
-  DISTRO_CHECK(r_bytes(&r, &nt, 4));
+  DISTRO_CHECK(distro__rfile_read(&r, &nt, 4));
   if (nt != (uint32_t)d->nt) DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' holds %u tensors, this run has %d", path, nt, d->nt);
   for (int i = 0; i < d->nt; i++) {
     const distro__param *p = &d->inner->params[i];
-    uint32_t nl, nd, lay, fl;
-    char name[256];
-    DISTRO_CHECK(r_bytes(&r, &nl, 4));
-    if (nl == 0 || nl > 255) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt tensor name length", path);
-    DISTRO_CHECK(r_bytes(&r, name, nl));
-    name[nl] = 0;
-    if (strcmp(name, p->name))
-      DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor #%d is '%s', this run has '%s'", path, i, name, p->name);
-    DISTRO_CHECK(r_bytes(&r, &nd, 4));
-    if (nd != (uint32_t)p->ndim) DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' has %u dims, expected %d", path, name, nd, p->ndim);
-    for (int k = 0; k < p->ndim; k++) {
-      uint64_t e;
-      DISTRO_CHECK(r_bytes(&r, &e, 8));
-      if (e != (uint64_t)p->shape[k])
-        DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' dim %d is %llu, expected %lld", path, name, k,
-                    (unsigned long long)e, (long long)p->shape[k]);
-    }
-    DISTRO_CHECK(r_bytes(&r, &lay, 4));
-    DISTRO_CHECK(r_bytes(&r, &fl, 4));
+    uint32_t lay, fl;
+    DISTRO_CHECK(distro__state_check_tensor(&r, p, i));
+    DISTRO_CHECK(distro__rfile_read(&r, &lay, 4));
+    DISTRO_CHECK(distro__rfile_read(&r, &fl, 4));
     if (lay != (uint32_t)d->layer[i] || fl != d->tflags[i])
-      DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' was saved with layer %d flags %u, this run has %d and %u", path, name,
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' was saved with layer %d flags %u, this run has %d and %u", path, p->name,
                   (int)lay, fl, d->layer[i], d->tflags[i]);
   }
-  DISTRO_CHECK(r_bytes(&r, &t, 8));
-  DISTRO_CHECK(r_bytes(&r, &peak, 8));
-  DISTRO_CHECK(r_bytes(&r, &total, 8));
-  DISTRO_CHECK(r_bytes(&r, &gi, 4));
+  DISTRO_CHECK(distro__rfile_read(&r, &t, 8));
+  DISTRO_CHECK(distro__rfile_read(&r, &peak, 8));
+  DISTRO_CHECK(distro__rfile_read(&r, &total, 8));
+  DISTRO_CHECK(distro__rfile_read(&r, &gi, 4));
   if (t > (uint64_t)INT64_MAX / 2 || gi > 1) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt schedule position", path);
   uint64_t *ctr = calloc(2 * (size_t)P, sizeof *ctr);
   if (!ctr) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   for (int p = 0; p < P && st == DISTRO_OK; p++) {
     uint64_t n;
-    st = r_bytes(&r, &n, 8);
+    st = distro__rfile_read(&r, &n, 8);
     if (st == DISTRO_OK && n != (uint64_t)d->frags.numel[p])
       st = distro__fail(DISTRO_ERR_SHAPE, "'%s': fragment %d has %llu elements, this run %lld", path, p,
                         (unsigned long long)n, (long long)d->frags.numel[p]);
-    if (st == DISTRO_OK) st = r_bytes(&r, &ctr[2 * p], 8);
-    if (st == DISTRO_OK) st = r_bytes(&r, &ctr[2 * p + 1], 8);
+    if (st == DISTRO_OK) st = distro__rfile_read(&r, &ctr[2 * p], 8);
+    if (st == DISTRO_OK) st = distro__rfile_read(&r, &ctr[2 * p + 1], 8);
   }
   if (st != DISTRO_OK) {
     free(ctr);
@@ -194,12 +156,12 @@ distro_status distro_diloco_load(distro_diloco *d, const char *path) {
   uint32_t pa, pf;
   uint64_t ps, pap, ptok, pst;
   distro_status s2 = DISTRO_OK;
-  s2 = r_bytes(&r, &pa, 4);
-  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &pf, 4);
-  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &ps, 8);
-  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &pap, 8);
-  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &ptok, 8);
-  if (s2 == DISTRO_OK) s2 = r_bytes(&r, &pst, 8);
+  s2 = distro__rfile_read(&r, &pa, 4);
+  if (s2 == DISTRO_OK) s2 = distro__rfile_read(&r, &pf, 4);
+  if (s2 == DISTRO_OK) s2 = distro__rfile_read(&r, &ps, 8);
+  if (s2 == DISTRO_OK) s2 = distro__rfile_read(&r, &pap, 8);
+  if (s2 == DISTRO_OK) s2 = distro__rfile_read(&r, &ptok, 8);
+  if (s2 == DISTRO_OK) s2 = distro__rfile_read(&r, &pst, 8);
   if (s2 == DISTRO_OK && (pa > 1 || (pa && (pf >= (uint32_t)P || ps > t || pap <= t || pap - ps != (uint64_t)d->opt.overlap))))
     s2 = distro__fail(DISTRO_ERR_IO, "'%s': corrupt pending exchange record", path);
   if (s2 != DISTRO_OK) {
@@ -215,15 +177,10 @@ distro_status distro_diloco_load(distro_diloco *d, const char *path) {
     for (int a = 0; a < 2 && st == DISTRO_OK; a++) {
       const size_t n = (size_t)d->frags.numel[p];
       fresh[2 * p + a] = malloc(sizeof(float) * n);
-      st = fresh[2 * p + a] ? r_bytes(&r, fresh[2 * p + a], sizeof(float) * n)
+      st = fresh[2 * p + a] ? distro__rfile_read(&r, fresh[2 * p + a], sizeof(float) * n)
                             : distro__fail(DISTRO_ERR_NOMEM, "out of memory loading the global copy");
     }
-  if (st == DISTRO_OK) {
-    uint32_t wantc = r.crc, got;
-    st = r_bytes(&r, &got, 4);
-    if (st == DISTRO_OK && got != wantc) st = distro__fail(DISTRO_ERR_IO, "'%s': checksum mismatch (file corrupt)", path);
-    if (st == DISTRO_OK && fgetc(r.f) != EOF) st = distro__fail(DISTRO_ERR_IO, "'%s': trailing bytes after the checksum", path);
-  }
+  if (st == DISTRO_OK) st = distro__rfile_finish(&r);
   if (st != DISTRO_OK) {
     free(ctr);
     goto fail;
@@ -246,10 +203,9 @@ distro_status distro_diloco_load(distro_diloco *d, const char *path) {
   d->global_init = (int)gi;
   d->pending = (distro__diloco_pending){(int)pa, (int)pf, (int64_t)ps, (int64_t)pap, ptok, pst};
   d->verified = 0; /* learners agree again at the next step */
-  fclose(r.f);
   return DISTRO_OK;
 fail:
-  if (r.f) fclose(r.f);
+  distro__rfile_close(&r);
   if (fresh)
     for (int i = 0; i < 2 * P; i++) free(fresh[i]);
   free(fresh);

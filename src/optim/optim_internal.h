@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <distro/optim.h>
 
+#include "common/atomic_file.h"
 #include "compress/chunk.h"
 #include "compress/dct.h"
 #include "compress/wire.h"
@@ -90,5 +91,10 @@ int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, i
 distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s);
 
 double distro__now(void);
+
+/* State files (state_io.c): one tensor's entry, shared by the optimizer and
+ * the DiLoCo state. */
+void distro__state_put_tensor(distro__afile *w, const distro__param *p);
+distro_status distro__state_check_tensor(distro__rfile *r, const distro__param *p, int i);
 
 #endif

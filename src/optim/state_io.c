@@ -7,15 +7,11 @@
  * Saves go to a temporary file that is synced and renamed over the target,
  * so a crash leaves either the old or the new file. Loads verify everything
  * into fresh buffers and swap them in only at the end. */
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/atomic_file.h"
-#include "common/crc32c.h"
 #include "common/error.h"
 #include "optim/optim_internal.h"
 
@@ -35,6 +31,42 @@ static float **param_array(distro__param *p, const distro_options *o, int a) {
   return a == 0 ? &p->m : &p->v;
 }
 
+/* A tensor's entry, shared with the DiLoCo state: u32 name length, name,
+ * u32 ndim, i64 shape[ndim]. */
+void distro__state_put_tensor(distro__afile *w, const distro__param *p) {
+  const uint32_t nl = (uint32_t)strlen(p->name);
+  distro__afile_u32(w, nl);
+  distro__afile_write(w, p->name, nl);
+  distro__afile_u32(w, (uint32_t)p->ndim);
+  for (int d = 0; d < p->ndim; d++) distro__afile_u64(w, (uint64_t)p->shape[d]);
+}
+
+/* Reads tensor #i's entry and checks it names and shapes p. */
+distro_status distro__state_check_tensor(distro__rfile *r, const distro__param *p, int i) {
+  distro_status st = DISTRO_OK;
+  const char *path = r->path;
+  uint32_t nl, nd;
+  char name[256];
+  DISTRO_CHECK(distro__rfile_read(r, &nl, 4));
+  if (nl == 0 || nl > 255) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt tensor name length", path);
+  DISTRO_CHECK(distro__rfile_read(r, name, nl));
+  name[nl] = 0;
+  if (strcmp(name, p->name) != 0)
+    DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor #%d is '%s', this run has '%s'", path, i, name, p->name);
+  DISTRO_CHECK(distro__rfile_read(r, &nd, 4));
+  if (nd != (uint32_t)p->ndim)
+    DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' has %u dims, expected %d", path, name, nd, p->ndim);
+  for (int d = 0; d < p->ndim; d++) {
+    int64_t e;
+    DISTRO_CHECK(distro__rfile_read(r, &e, 8));
+    if (e != p->shape[d])
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' dim %d is %lld, expected %lld", path, name, d, (long long)e,
+                  (long long)p->shape[d]);
+  }
+fail:
+  return st;
+}
+
 distro_status distro_optim_save(const distro_optim *co, const char *path) {
   distro_status st = DISTRO_OK;
   distro__afile w = {0};
@@ -51,11 +83,7 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
   const int arrays = arrays_per_param(&o->opt);
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
-    uint32_t nl = (uint32_t)strlen(p->name);
-    distro__afile_u32(&w, nl);
-    distro__afile_write(&w, p->name, nl);
-    distro__afile_u32(&w, (uint32_t)p->ndim);
-    for (int d = 0; d < p->ndim; d++) distro__afile_u64(&w, (uint64_t)p->shape[d]);
+    distro__state_put_tensor(&w, p);
     for (int a = 0; a < arrays; a++)
       distro__afile_write(&w, *param_array(p, &o->opt, a), sizeof(float) * (size_t)p->numel);
   }
@@ -65,39 +93,23 @@ fail:
   return st;
 }
 
-typedef struct {
-  FILE *f;
-  uint32_t crc;
-  const char *path;
-} reader;
-
-static distro_status r_bytes(reader *r, void *p, size_t n) {
-  if (n == 0) return DISTRO_OK;
-  if (fread(p, 1, n, r->f) != n)
-    return distro__fail(DISTRO_ERR_IO, "'%s' is truncated or unreadable", r->path);
-  r->crc = distro__crc32c_update(r->crc, p, n);
-  return DISTRO_OK;
-}
-
 distro_status distro_optim_load(distro_optim *o, const char *path) {
   distro_status st = DISTRO_OK;
-  reader r = {0};
+  distro__rfile r = {0};
   float **fresh = NULL;
   int nfresh = 0;
   if (!o || !path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_load: NULL argument");
   DISTRO_CHECK(distro__optim_prepare(o));
-  r.path = path;
-  r.f = fopen(path, "rb");
-  if (!r.f) DISTRO_FAIL(DISTRO_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+  DISTRO_CHECK(distro__rfile_open(&r, path));
   char magic[8];
   uint32_t version, hdr[6];
   int64_t step;
-  DISTRO_CHECK(r_bytes(&r, magic, 8));
+  DISTRO_CHECK(distro__rfile_read(&r, magic, 8));
   if (memcmp(magic, STATE_MAGIC, 8) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s' is not a distro optimizer state file", path);
-  DISTRO_CHECK(r_bytes(&r, &version, 4));
+  DISTRO_CHECK(distro__rfile_read(&r, &version, 4));
   if (version != STATE_VERSION) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': unsupported state version %u", path, version);
-  for (int i = 0; i < 6; i++) DISTRO_CHECK(r_bytes(&r, &hdr[i], 4));
-  DISTRO_CHECK(r_bytes(&r, &step, 8));
+  for (int i = 0; i < 6; i++) DISTRO_CHECK(distro__rfile_read(&r, &hdr[i], 4));
+  DISTRO_CHECK(distro__rfile_read(&r, &step, 8));
   if (hdr[0] != (uint32_t)o->opt.algorithm || hdr[1] != (uint32_t)o->opt.update)
     DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved by a different algorithm or update rule", path);
   if (o->opt.algorithm == DISTRO_ALG_DEMO && (hdr[3] != (uint32_t)o->opt.chunk || hdr[4] != (uint32_t)o->opt.topk))
@@ -111,34 +123,15 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   if (!fresh) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
-    uint32_t nl, nd;
-    char name[256];
-    DISTRO_CHECK(r_bytes(&r, &nl, 4));
-    if (nl == 0 || nl > 255) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt tensor name length", path);
-    DISTRO_CHECK(r_bytes(&r, name, nl));
-    name[nl] = 0;
-    if (strcmp(name, p->name) != 0)
-      DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor #%d is '%s', this optimizer has '%s'", path, i, name, p->name);
-    DISTRO_CHECK(r_bytes(&r, &nd, 4));
-    if (nd != (uint32_t)p->ndim) DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' has %u dims, expected %d", path, name, nd, p->ndim);
-    for (int d = 0; d < p->ndim; d++) {
-      int64_t e;
-      DISTRO_CHECK(r_bytes(&r, &e, 8));
-      if (e != p->shape[d])
-        DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s': tensor '%s' dim %d is %lld, expected %lld", path, name, d, (long long)e,
-                    (long long)p->shape[d]);
-    }
+    DISTRO_CHECK(distro__state_check_tensor(&r, p, i));
     for (int a = 0; a < arrays; a++) {
       float *buf = malloc(sizeof(float) * (size_t)(p->numel ? p->numel : 1));
-      if (!buf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", name);
+      if (!buf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", p->name);
       fresh[nfresh++] = buf;
-      DISTRO_CHECK(r_bytes(&r, buf, sizeof(float) * (size_t)p->numel));
+      DISTRO_CHECK(distro__rfile_read(&r, buf, sizeof(float) * (size_t)p->numel));
     }
   }
-  uint32_t want = r.crc, got;
-  DISTRO_CHECK(r_bytes(&r, &got, 4));
-  if (got != want) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': checksum mismatch (file corrupt)", path);
-  if (fgetc(r.f) != EOF) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': trailing bytes after the checksum", path);
+  DISTRO_CHECK(distro__rfile_finish(&r));
   /* Everything checked: swap the fresh arrays in. */
   for (int i = 0, n = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
@@ -150,11 +143,10 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
     }
   }
   o->step = step;
-  fclose(r.f);
   free(fresh);
   return DISTRO_OK;
 fail:
-  if (r.f) fclose(r.f);
+  distro__rfile_close(&r);
   for (int i = 0; i < nfresh; i++) free(fresh[i]);
   free(fresh);
   return st;

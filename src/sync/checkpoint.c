@@ -9,12 +9,9 @@
  * per fragment: global copy, then momentum, float32 | u32 CRC32C of all
  * before. Integers little-endian. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "common/atomic_file.h"
 #include "common/crc32c.h"
