@@ -7,7 +7,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/bytes.h"
 #include "common/error.h"
+#include "compress/wire.h"
 
 #define PAR_MIN 32768 /* elements below which a run is handled by one thread */
 
@@ -41,22 +43,6 @@ size_t distro__outer_bytes(distro_outer_codec c, int64_t n, int block) {
   return 0;
 }
 
-/* float <-> bf16 bits, round to nearest even; a finite value saturates at
- * the largest finite bf16 instead of rounding to Inf. */
-static uint16_t bf16_from(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
-  if ((r & 0x7f800000u) == 0x7f800000u && (u & 0x7f800000u) != 0x7f800000u)
-    return (uint16_t)(((u >> 16) & 0x8000u) | 0x7f7fu);
-  return (uint16_t)(r >> 16);
-}
-static float bf16_to(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
 
 static float get_f32(const uint8_t *p) {
   float x;
@@ -126,9 +112,7 @@ void distro__outer_encode(distro_outer_codec c, const float *x, int64_t n, int b
   if (c == DISTRO_OUTER_BF16) {
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (int64_t j = 0; j < n; j++) {
-      uint16_t b = bf16_from(x[j]);
-      out[2 * j] = (uint8_t)b;
-      out[2 * j + 1] = (uint8_t)(b >> 8);
+      distro__put_u16(out + 2 * j, distro__bf16_from_float(x[j]));
     }
     return;
   }
@@ -199,7 +183,7 @@ distro_status distro__outer_check(distro_outer_codec c, const uint8_t *in, int64
 static inline float decoded(distro_outer_codec c, const uint8_t *in, const uint8_t *codes, int64_t j, float s) {
   switch (c) {
     case DISTRO_OUTER_F32: return get_f32(in + 4 * j);
-    case DISTRO_OUTER_BF16: return bf16_to((uint16_t)(in[2 * j] | in[2 * j + 1] << 8));
+    case DISTRO_OUTER_BF16: return distro__bf16_to_float(distro__get_u16(in + 2 * j));
     case DISTRO_OUTER_INT8: return (float)(int8_t)codes[j] * s;
     case DISTRO_OUTER_INT4: {
       const unsigned code = (codes[j >> 1] >> (4 * (j & 1))) & 15u;

@@ -5,24 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/error.h"
-
-static void put_u16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put_u32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get_u32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
 
 uint16_t distro__bf16_from_float(float x) {
   uint32_t u;
@@ -66,7 +51,7 @@ float distro__wire_value(const uint8_t *sec, distro_values v, int64_t j) {
       memcpy(&x, sec + 4 * j, 4);
       return x;
     }
-    case DISTRO_VALUES_BF16: return distro__bf16_to_float(get_u16(sec + 2 * j));
+    case DISTRO_VALUES_BF16: return distro__bf16_to_float(distro__get_u16(sec + 2 * j));
     case DISTRO_VALUES_SIGN1: return (sec[j >> 3] >> (j & 7)) & 1 ? -1.0f : 1.0f;
     case DISTRO_VALUES_INT8:
     case DISTRO_VALUES_INT4: break; /* wire v2 only */
@@ -108,26 +93,33 @@ void distro__wire_layout_destroy(distro__wire_layout *l) {
   memset(l, 0, sizeof *l);
 }
 
+void distro__wire_put_header(uint8_t *buf, unsigned version, distro_values v, uint32_t flags, int ntensors,
+                             uint32_t sender, uint64_t step, uint64_t total, uint32_t abort_status,
+                             uint32_t abort_tensor) {
+  memset(buf, 0, DISTRO__WIRE_HEADER);
+  distro__put_u32(buf + 0, DISTRO__WIRE_MAGIC);
+  distro__put_u16(buf + 4, (uint16_t)version);
+  buf[6] = (uint8_t)v;
+  buf[7] = (uint8_t)flags;
+  distro__put_u32(buf + 8, (uint32_t)ntensors);
+  distro__put_u32(buf + 12, sender);
+  distro__put_u64(buf + 16, step);
+  distro__put_u64(buf + 24, total);
+  distro__put_u32(buf + 32, abort_status);
+  distro__put_u32(buf + 36, abort_tensor);
+}
+
 void distro__wire_write_header(uint8_t *buf, const distro__wire_layout *l, const distro__tiling *t, uint32_t flags,
                                uint32_t sender, uint64_t step, uint32_t abort_status, uint32_t abort_tensor) {
-  memset(buf, 0, DISTRO__WIRE_HEADER);
-  put_u32(buf + 0, DISTRO__WIRE_MAGIC);
-  put_u16(buf + 4, DISTRO__WIRE_VERSION);
-  buf[6] = (uint8_t)l->values;
-  buf[7] = (uint8_t)flags;
-  put_u32(buf + 8, (uint32_t)l->ntensors);
-  put_u32(buf + 12, sender);
-  put_u64(buf + 16, step);
-  put_u64(buf + 24, (uint64_t)l->total);
-  put_u32(buf + 32, abort_status);
-  put_u32(buf + 36, abort_tensor);
+  distro__wire_put_header(buf, DISTRO__WIRE_VERSION, l->values, flags, l->ntensors, sender, step, l->total,
+                          abort_status, abort_tensor);
   for (int i = 0; i < l->ntensors; i++) {
     uint8_t *d = buf + DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE_DESC;
-    put_u32(d + 0, (uint32_t)t[i].h);
-    put_u32(d + 4, (uint32_t)t[i].w);
-    put_u32(d + 8, (uint32_t)t[i].k);
-    put_u32(d + 12, (uint32_t)l->idx_width[i]);
-    put_u64(d + 16, (uint64_t)t[i].nchunks);
+    distro__put_u32(d + 0, (uint32_t)t[i].h);
+    distro__put_u32(d + 4, (uint32_t)t[i].w);
+    distro__put_u32(d + 8, (uint32_t)t[i].k);
+    distro__put_u32(d + 12, (uint32_t)l->idx_width[i]);
+    distro__put_u64(d + 16, (uint64_t)t[i].nchunks);
   }
 }
 
@@ -139,14 +131,14 @@ void distro__wire_write_tensor(uint8_t *buf, const distro__wire_layout *l, const
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < count; j++) {
     if (w == 1) is[j] = (uint8_t)idx[j];
-    else if (w == 2) put_u16(is + 2 * j, (uint16_t)idx[j]);
-    else put_u32(is + 4 * j, idx[j]);
+    else if (w == 2) distro__put_u16(is + 2 * j, (uint16_t)idx[j]);
+    else distro__put_u32(is + 4 * j, idx[j]);
   }
   switch (l->values) {
     case DISTRO_VALUES_F32: memcpy(vs, val, 4 * (size_t)count); break;
     case DISTRO_VALUES_BF16:
 #pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < count; j++) put_u16(vs + 2 * j, distro__bf16_from_float(val[j]));
+      for (int64_t j = 0; j < count; j++) distro__put_u16(vs + 2 * j, distro__bf16_from_float(val[j]));
       break;
     case DISTRO_VALUES_SIGN1: {
       const int64_t nbytes = (count + 7) / 8;
@@ -165,8 +157,8 @@ void distro__wire_write_tensor(uint8_t *buf, const distro__wire_layout *l, const
 }
 
 void distro__wire_read_origin(const uint8_t *buf, uint32_t *sender, uint64_t *step) {
-  *sender = get_u32(buf + 12);
-  *step = get_u64(buf + 16);
+  *sender = distro__get_u32(buf + 12);
+  *step = distro__get_u64(buf + 16);
 }
 
 void distro__wire_clear_body(uint8_t *buf, const distro__wire_layout *l) {
@@ -175,7 +167,35 @@ void distro__wire_clear_body(uint8_t *buf, const distro__wire_layout *l) {
 }
 
 void distro__wire_seal(uint8_t *buf, const distro__wire_layout *l) {
-  put_u32(buf + l->total - 4, distro__crc32c(buf, l->total - 4));
+  distro__put_u32(buf + l->total - 4, distro__crc32c(buf, l->total - 4));
+}
+
+distro_status distro__wire_check_header(const uint8_t *buf, size_t size, unsigned version, distro_values v, int ntensors,
+                                        int peer, int *aborted, uint32_t *abort_status, uint32_t *abort_tensor) {
+  if (distro__get_u32(buf) != DISTRO__WIRE_MAGIC)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%08x", peer, distro__get_u32(buf));
+  if (distro__get_u16(buf + 4) != version)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unsupported wire version %u", peer,
+                        distro__get_u16(buf + 4));
+  const uint32_t crc = distro__crc32c(buf, size - 4);
+  if (crc != distro__get_u32(buf + size - 4))
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: CRC32C mismatch (0x%08x != 0x%08x)", peer, crc,
+                        distro__get_u32(buf + size - 4));
+  if (buf[6] != (uint8_t)v)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: values codec %u, expected %d", peer, buf[6], (int)v);
+  if (distro__get_u32(buf + 8) != (uint32_t)ntensors || distro__get_u64(buf + 24) != (uint64_t)size)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: header disagrees with the tensor list", peer);
+  if (buf[7] & ~DISTRO__WIRE_FLAG_ABORT)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unknown flags 0x%02x", peer, buf[7]);
+  if (buf[7] & DISTRO__WIRE_FLAG_ABORT) {
+    *aborted = 1;
+    *abort_status = distro__get_u32(buf + 32);
+    *abort_tensor = distro__get_u32(buf + 36);
+    return DISTRO_OK;
+  }
+  if (distro__get_u32(buf + 32) != 0 || distro__get_u32(buf + 36) != 0)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: abort fields set without the ABORT flag", peer);
+  return DISTRO_OK;
 }
 
 distro_status distro__wire_validate(const uint8_t *buf, size_t size, const distro__wire_layout *l,
@@ -184,34 +204,13 @@ distro_status distro__wire_validate(const uint8_t *buf, size_t size, const distr
   *aborted = 0;
   if (size != l->total)
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: %zu bytes, expected %zu", peer, size, l->total);
-  if (get_u32(buf) != DISTRO__WIRE_MAGIC)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%08x", peer, get_u32(buf));
-  if (get_u16(buf + 4) != DISTRO__WIRE_VERSION)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unsupported wire version %u", peer,
-                        get_u16(buf + 4));
-  uint32_t crc = distro__crc32c(buf, size - 4);
-  if (crc != get_u32(buf + size - 4))
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: CRC32C mismatch (0x%08x != 0x%08x)", peer, crc,
-                        get_u32(buf + size - 4));
-  if (buf[6] != (uint8_t)l->values)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: values codec %u, expected %d", peer, buf[6],
-                        (int)l->values);
-  if (get_u32(buf + 8) != (uint32_t)l->ntensors || get_u64(buf + 24) != (uint64_t)l->total)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: header disagrees with the tensor list", peer);
-  if (buf[7] & ~DISTRO__WIRE_FLAG_ABORT)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unknown flags 0x%02x", peer, buf[7]);
-  if (buf[7] & DISTRO__WIRE_FLAG_ABORT) {
-    *aborted = 1;
-    *abort_status = get_u32(buf + 32);
-    *abort_tensor = get_u32(buf + 36);
-    return DISTRO_OK;
-  }
-  if (get_u32(buf + 32) != 0 || get_u32(buf + 36) != 0)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: abort fields set without the ABORT flag", peer);
+  distro_status st = distro__wire_check_header(buf, size, DISTRO__WIRE_VERSION, l->values, l->ntensors, peer, aborted,
+                                               abort_status, abort_tensor);
+  if (st != DISTRO_OK || *aborted) return st;
   for (int i = 0; i < l->ntensors; i++) {
     const uint8_t *d = buf + DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE_DESC;
-    if (get_u32(d) != (uint32_t)t[i].h || get_u32(d + 4) != (uint32_t)t[i].w || get_u32(d + 8) != (uint32_t)t[i].k ||
-        get_u32(d + 12) != (uint32_t)l->idx_width[i] || get_u64(d + 16) != (uint64_t)t[i].nchunks)
+    if (distro__get_u32(d) != (uint32_t)t[i].h || distro__get_u32(d + 4) != (uint32_t)t[i].w || distro__get_u32(d + 8) != (uint32_t)t[i].k ||
+        distro__get_u32(d + 12) != (uint32_t)l->idx_width[i] || distro__get_u64(d + 16) != (uint64_t)t[i].nchunks)
       return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d descriptor disagrees", peer, i);
   }
   /* Indices strictly increasing within each chunk and in range; values

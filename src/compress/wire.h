@@ -65,7 +65,20 @@ static inline uint32_t distro__wire_index(const uint8_t *sec, int width, int64_t
 }
 float distro__wire_value(const uint8_t *sec, distro_values v, int64_t j);
 
-/* float -> bf16 bits, round to nearest even (inputs are finite). */
+/* The 40-byte header both wire versions share (docs/wire-format.md). */
+void distro__wire_put_header(uint8_t *buf, unsigned version, distro_values v, uint32_t flags, int ntensors,
+                             uint32_t sender, uint64_t step, uint64_t total, uint32_t abort_status,
+                             uint32_t abort_tensor);
+
+/* The checks wire v1 and v2 share, in order: magic, version, CRC32C over
+ * all but the trailer, values codec, tensor count and total size (= size),
+ * flags, abort fields. An abort payload sets *aborted and its fields. The
+ * caller has checked that size covers the header and trailer. */
+distro_status distro__wire_check_header(const uint8_t *buf, size_t size, unsigned version, distro_values v, int ntensors,
+                                        int peer, int *aborted, uint32_t *abort_status, uint32_t *abort_tensor);
+
+/* float <-> bf16 bits, round to nearest even; a finite value saturates at
+ * the largest finite bf16 instead of rounding to Inf. */
 uint16_t distro__bf16_from_float(float x);
 float distro__bf16_to_float(uint16_t b);
 

@@ -5,21 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "compress/value_codec.h"
 #include "compress/wire.h"
 
-static void put_u32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
 
 static size_t head_bytes(int n) { return DISTRO__WIRE_HEADER + (size_t)n * DISTRO__WIRE2_DESC; }
 
@@ -46,33 +37,18 @@ size_t distro__wire2_bound(const distro__wire2_tensor *ts, int n, distro_values 
   return total;
 }
 
-static void write_header(uint8_t *buf, int n, distro_values v, uint32_t flags, uint32_t sender, uint64_t step,
-                         uint64_t total, uint32_t abort_status, uint32_t abort_tensor) {
-  memset(buf, 0, DISTRO__WIRE_HEADER);
-  put_u32(buf, DISTRO__WIRE_MAGIC);
-  buf[4] = DISTRO__WIRE2_VERSION;
-  buf[6] = (uint8_t)v;
-  buf[7] = (uint8_t)flags;
-  put_u32(buf + 8, (uint32_t)n);
-  put_u32(buf + 12, sender);
-  put_u64(buf + 16, step);
-  put_u64(buf + 24, total);
-  put_u32(buf + 32, abort_status);
-  put_u32(buf + 36, abort_tensor);
-}
-
 static void write_desc(uint8_t *d, const distro__tiling *t, int icodec, int iparam, int vparam, uint64_t ibytes,
                        uint64_t vbytes) {
   memset(d, 0, DISTRO__WIRE2_DESC);
-  put_u32(d, (uint32_t)t->h);
-  put_u32(d + 4, (uint32_t)t->w);
-  put_u32(d + 8, (uint32_t)t->k);
+  distro__put_u32(d, (uint32_t)t->h);
+  distro__put_u32(d + 4, (uint32_t)t->w);
+  distro__put_u32(d + 8, (uint32_t)t->k);
   d[12] = (uint8_t)icodec;
   d[13] = (uint8_t)iparam;
   d[14] = (uint8_t)vparam;
-  put_u64(d + 16, (uint64_t)t->nchunks);
-  put_u64(d + 24, ibytes);
-  put_u64(d + 32, vbytes);
+  distro__put_u64(d + 16, (uint64_t)t->nchunks);
+  distro__put_u64(d + 24, ibytes);
+  distro__put_u64(d + 32, vbytes);
 }
 
 size_t distro__wire2_encode(uint8_t *buf, size_t cap, const distro__wire2_tensor *ts, int n, distro_values v,
@@ -108,8 +84,8 @@ size_t distro__wire2_encode(uint8_t *buf, size_t cap, const distro__wire2_tensor
     failed |= (a != ibytes[i] && ibytes[i] > 0) || (b != vbytes[i] && vbytes[i] > 0);
   }
   if (failed) goto done;
-  write_header(buf, n, v, 0, sender, step, off + 4, 0, 0);
-  put_u32(buf + off, distro__crc32c(buf, off));
+  distro__wire_put_header(buf, DISTRO__WIRE2_VERSION, v, 0, n, sender, step, off + 4, 0, 0);
+  distro__put_u32(buf + off, distro__crc32c(buf, off));
   total = off + 4;
 done:
   free(ibytes);
@@ -120,9 +96,10 @@ done:
 size_t distro__wire2_encode_abort(uint8_t *buf, const distro__wire2_tensor *ts, int n, distro_values v,
                                   uint32_t sender, uint64_t step, uint32_t status, uint32_t tensor) {
   const size_t off = head_bytes(n);
-  write_header(buf, n, v, DISTRO__WIRE_FLAG_ABORT, sender, step, off + 4, status, tensor);
+  distro__wire_put_header(buf, DISTRO__WIRE2_VERSION, v, DISTRO__WIRE_FLAG_ABORT, n, sender, step, off + 4, status,
+                          tensor);
   for (int i = 0; i < n; i++) write_desc(buf + DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE2_DESC, &ts[i].t, 0, 0, 0, 0, 0);
-  put_u32(buf + off, distro__crc32c(buf, off));
+  distro__put_u32(buf + off, distro__crc32c(buf, off));
   return off + 4;
 }
 
@@ -132,38 +109,18 @@ distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro
   *aborted = 0;
   if (size < head_bytes(n) + 4)
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: %zu bytes, too short for %d tensors", peer, size, n);
-  if (get_u32(buf) != DISTRO__WIRE_MAGIC)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%08x", peer, get_u32(buf));
-  if (buf[4] != DISTRO__WIRE2_VERSION || buf[5] != 0)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unsupported wire version %u", peer,
-                        (unsigned)(buf[4] | buf[5] << 8));
-  uint32_t crc = distro__crc32c(buf, size - 4);
-  if (crc != get_u32(buf + size - 4))
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: CRC32C mismatch (0x%08x != 0x%08x)", peer, crc,
-                        get_u32(buf + size - 4));
-  if (buf[6] != (uint8_t)v)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: values codec %u, expected %d", peer, buf[6], (int)v);
-  if (get_u32(buf + 8) != (uint32_t)n || get_u64(buf + 24) != (uint64_t)size)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: header disagrees with the tensor list", peer);
-  if (buf[7] & ~DISTRO__WIRE_FLAG_ABORT)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unknown flags 0x%02x", peer, buf[7]);
-  if (buf[7] & DISTRO__WIRE_FLAG_ABORT) {
-    *aborted = 1;
-    *abort_status = get_u32(buf + 32);
-    *abort_tensor = get_u32(buf + 36);
-    return DISTRO_OK;
-  }
-  if (get_u32(buf + 32) != 0 || get_u32(buf + 36) != 0)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: abort fields set without the ABORT flag", peer);
+  distro_status st =
+      distro__wire_check_header(buf, size, DISTRO__WIRE2_VERSION, v, n, peer, aborted, abort_status, abort_tensor);
+  if (st != DISTRO_OK || *aborted) return st;
   /* Descriptors: geometry must be ours; sections must tile the body exactly. */
   size_t off = head_bytes(n);
   for (int i = 0; i < n; i++) {
     const uint8_t *d = buf + DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE2_DESC;
     const distro__tiling *t = &ts[i].t;
-    if (get_u32(d) != (uint32_t)t->h || get_u32(d + 4) != (uint32_t)t->w || get_u32(d + 8) != (uint32_t)t->k ||
-        get_u64(d + 16) != (uint64_t)t->nchunks || d[15] != 0)
+    if (distro__get_u32(d) != (uint32_t)t->h || distro__get_u32(d + 4) != (uint32_t)t->w || distro__get_u32(d + 8) != (uint32_t)t->k ||
+        distro__get_u64(d + 16) != (uint64_t)t->nchunks || d[15] != 0)
       return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d descriptor disagrees", peer, i);
-    uint64_t ib = get_u64(d + 24), vb = get_u64(d + 32);
+    uint64_t ib = distro__get_u64(d + 24), vb = distro__get_u64(d + 32);
     if (ib > size || vb > size || off + ib + vb > size - 4)
       return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d sections overrun the payload", peer, i);
     off += ib + vb;
@@ -178,11 +135,11 @@ distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro
     size_t at = head_bytes(n);
     for (int j = 0; j < i; j++) {
       const uint8_t *dj = buf + DISTRO__WIRE_HEADER + (size_t)j * DISTRO__WIRE2_DESC;
-      at += get_u64(dj + 24) + get_u64(dj + 32);
+      at += distro__get_u64(dj + 24) + distro__get_u64(dj + 32);
     }
     const uint8_t *d = buf + DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE2_DESC;
     const distro__tiling *t = &ts[i].t;
-    const size_t ib = get_u64(d + 24), vb = get_u64(d + 32);
+    const size_t ib = distro__get_u64(d + 24), vb = distro__get_u64(d + 32);
     int64_t r = distro__idx_decode(buf + at, ib, t->nchunks, t->k, t->chunk_elems, ts[i].et, (distro__idx_codec)d[12],
                                    d[13], idx[i]);
     int rv = r == 0 ? distro__val_decode(v, d[14], buf + at + ib, vb, t->nchunks, t->k, val[i]) : 0;
@@ -196,11 +153,11 @@ distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro
     size_t at = head_bytes(n);
     for (int j = 0; j < i; j++) {
       const uint8_t *dj = buf + DISTRO__WIRE_HEADER + (size_t)j * DISTRO__WIRE2_DESC;
-      at += get_u64(dj + 24) + get_u64(dj + 32);
+      at += distro__get_u64(dj + 24) + distro__get_u64(dj + 32);
     }
     const uint8_t *d = buf + DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE2_DESC;
     const distro__tiling *t = &ts[i].t;
-    const size_t ib = get_u64(d + 24);
+    const size_t ib = distro__get_u64(d + 24);
     bad_code = distro__idx_decode(buf + at, ib, t->nchunks, t->k, t->chunk_elems, ts[i].et, (distro__idx_codec)d[12],
                                   d[13], idx[i]);
     if (bad_code == INT64_MIN)

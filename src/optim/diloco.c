@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
+#include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "compress/outer_codec.h"
@@ -447,13 +448,6 @@ static distro_status ensure_ready(distro_diloco *d) {
 
 /* ---- merge and outer step --------------------------------------------------- */
 
-static void put_u16(uint8_t *b, uint16_t v) { memcpy(b, &v, 2); }
-static void put_u32(uint8_t *b, uint32_t v) { memcpy(b, &v, 4); }
-static void put_u64(uint8_t *b, uint64_t v) { memcpy(b, &v, 8); }
-static uint16_t get_u16(const uint8_t *b) { uint16_t v; memcpy(&v, b, 2); return v; }
-static uint32_t get_u32(const uint8_t *b) { uint32_t v; memcpy(&v, b, 4); return v; }
-static uint64_t get_u64(const uint8_t *b) { uint64_t v; memcpy(&v, b, 8); return v; }
-
 /* Sum of squares in a fixed order (fixed 64 Ki chunks, then in order). */
 static double sumsq(const float *x, int64_t n) {
   const int64_t C = 65536, nc = (n + C - 1) / C;
@@ -502,7 +496,7 @@ static void merge(distro_diloco *d, int p) {
   double sum = 0;
   for (int r = 0; r < M; r++) {
     const uint8_t *h = d->recv + (size_t)r * d->payload[p];
-    const double tk = (double)get_u64(h + 24), sp = (double)get_u64(h + 32);
+    const double tk = (double)distro__get_u64(h + 24), sp = (double)distro__get_u64(h + 32);
     w[r] = tokens ? (sp > 0 ? tk * tk / sp : 0.0) : 1.0;
     sum += w[r];
   }
@@ -558,22 +552,22 @@ static distro_status exchange_run(distro_diloco *d) {
   DISTRO_CHECK(distro_comm_allgather(d->outer, d->send, bytes, d->recv));
   for (int r = 0; r < M; r++) {
     const uint8_t *b = d->recv + (size_t)r * bytes;
-    if (get_u32(b + bytes - 4) != distro__crc32c(b, bytes - 4))
+    if (distro__get_u32(b + bytes - 4) != distro__crc32c(b, bytes - 4))
       DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's payload for fragment %d failed its checksum", r, p);
-    if (get_u32(b) != DISTRO__DLC_MAGIC || get_u16(b + 4) != DISTRO__DLC_VERSION)
+    if (distro__get_u32(b) != DISTRO__DLC_MAGIC || distro__get_u16(b + 4) != DISTRO__DLC_VERSION)
       DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's payload is not an outer payload of version %d", r,
                   DISTRO__DLC_VERSION);
-    if (get_u16(b + 6) != (uint16_t)d->opt.codec || get_u32(b + 52) != (uint32_t)d->opt.codec_block)
+    if (distro__get_u16(b + 6) != (uint16_t)d->opt.codec || distro__get_u32(b + 52) != (uint32_t)d->opt.codec_block)
       DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d used a different codec or codec block", r);
-    if (get_u32(b + 8) != (uint32_t)r)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: slot %d holds a payload from learner %u", r, get_u32(b + 8));
-    if (get_u32(b + 12) != (uint32_t)p || get_u64(b + 16) != (uint64_t)d->x_round)
+    if (distro__get_u32(b + 8) != (uint32_t)r)
+      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: slot %d holds a payload from learner %u", r, distro__get_u32(b + 8));
+    if (distro__get_u32(b + 12) != (uint32_t)p || distro__get_u64(b + 16) != (uint64_t)d->x_round)
       DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d sent fragment %u of step %llu, expected fragment %d of step %lld",
-                  r, get_u32(b + 12), (unsigned long long)get_u64(b + 16), p, (long long)d->x_round);
-    if (get_u64(b + 40) != (uint64_t)f->numel[p])
+                  r, distro__get_u32(b + 12), (unsigned long long)distro__get_u64(b + 16), p, (long long)d->x_round);
+    if (distro__get_u64(b + 40) != (uint64_t)f->numel[p])
       DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's fragment %d has %llu elements, expected %lld", r, p,
-                  (unsigned long long)get_u64(b + 40), (long long)f->numel[p]);
-    const uint32_t flags = get_u32(b + 48);
+                  (unsigned long long)distro__get_u64(b + 40), (long long)f->numel[p]);
+    const uint32_t flags = distro__get_u32(b + 48);
     if (flags & ~DISTRO__DLC_FLAG_ABORT) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d set unknown flags 0x%x", r, flags);
     if (flags & DISTRO__DLC_FLAG_ABORT)
       DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's outer gradient for fragment %d is not finite", r, p);
@@ -731,17 +725,17 @@ static distro_status start_exchange(distro_diloco *d, int p, int64_t apply_at, i
   const size_t bytes = d->payload[p];
   uint8_t *b = d->send;
   memset(b, 0, DISTRO__DLC_HEADER);
-  put_u32(b, DISTRO__DLC_MAGIC);
-  put_u16(b + 4, DISTRO__DLC_VERSION);
-  put_u16(b + 6, (uint16_t)d->opt.codec);
-  put_u32(b + 8, (uint32_t)d->learner);
-  put_u32(b + 12, (uint32_t)p);
-  put_u64(b + 16, (uint64_t)d->t);
-  put_u64(b + 24, tokens);
-  put_u64(b + 32, d->steps[p]);
-  put_u64(b + 40, (uint64_t)f->numel[p]);
-  put_u32(b + 48, bad ? DISTRO__DLC_FLAG_ABORT : 0u);
-  put_u32(b + 52, (uint32_t)d->opt.codec_block);
+  distro__put_u32(b, DISTRO__DLC_MAGIC);
+  distro__put_u16(b + 4, DISTRO__DLC_VERSION);
+  distro__put_u16(b + 6, (uint16_t)d->opt.codec);
+  distro__put_u32(b + 8, (uint32_t)d->learner);
+  distro__put_u32(b + 12, (uint32_t)p);
+  distro__put_u64(b + 16, (uint64_t)d->t);
+  distro__put_u64(b + 24, tokens);
+  distro__put_u64(b + 32, d->steps[p]);
+  distro__put_u64(b + 40, (uint64_t)f->numel[p]);
+  distro__put_u32(b + 48, bad ? DISTRO__DLC_FLAG_ABORT : 0u);
+  distro__put_u32(b + 52, (uint32_t)d->opt.codec_block);
   if (bad) {
     memset(b + DISTRO__DLC_HEADER, 0, bytes - DISTRO__DLC_HEADER - 4);
   } else {
@@ -749,7 +743,7 @@ static distro_status start_exchange(distro_diloco *d, int p, int64_t apply_at, i
       distro__outer_encode(d->opt.codec, delta + d->piece_elem[q], f->pieces[q].count, d->opt.codec_block,
                            b + d->piece_byte[q]);
   }
-  put_u32(b + bytes - 4, distro__crc32c(b, bytes - 4));
+  distro__put_u32(b + bytes - 4, distro__crc32c(b, bytes - 4));
   d->pending = (distro__diloco_pending){1, p, d->t, apply_at, d->tok[p], d->steps[p]};
   d->x_frag = p;
   d->x_round = d->t;

@@ -3,6 +3,7 @@
 #ifndef DISTRO_SYNC_INTERNAL_H
 #define DISTRO_SYNC_INTERNAL_H
 
+#include "common/bytes.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <distro/sync.h>
@@ -52,24 +53,6 @@ void distro__sy_encode(const distro__sy_msg *m, const void *payload, uint8_t out
  * (0 on success) and a reason in `why`. */
 int distro__sy_decode(const uint8_t *hdr, size_t hdr_bytes, const void *payload, size_t payload_bytes,
                       distro__sy_msg *m, char *why, size_t why_n);
-
-/* Little-endian helpers for payload bodies. */
-static inline void distro__put_u32(uint8_t *b, uint32_t v) {
-  for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void distro__put_u64(uint8_t *b, uint64_t v) {
-  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint32_t distro__get_u32(const uint8_t *b) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)b[i] << (8 * i);
-  return v;
-}
-static inline uint64_t distro__get_u64(const uint8_t *b) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
-  return v;
-}
 
 /* -------------------------------------------------------- transport */
 
