@@ -11,6 +11,7 @@
 
 #ifdef DISTRO_WITH_SYNC
 #include "compress/outer_codec.h"
+#include "optim/outer_merge.h"
 #include "sync/sync_internal.h"
 #include "testutil.h"
 
@@ -23,20 +24,38 @@ static distro__sy_layout two_tensors(int P, distro_outer_codec c, unsigned flag1
   return L;
 }
 
+/* The shared merge with its scratch, and the outer step committed the way
+ * the syncer commits it (nothing written on overflow). */
+static void merge(const distro__sy_layout *L, int p, distro_merge mode, int n, const float *const *delta,
+                  const double *w, float *out) {
+  float coef[2 * 8];
+  double nrm[8];
+  cr_assert_leq(n, 8);
+  distro__sy_merge(L, p, mode, n, delta, w, out, coef, nrm);
+}
+
+static distro_status outer_step(float *th, float *m, const float *g, int64_t n, float lr, float mu, int nesterov,
+                                float *sg, float *sm) {
+  if (!distro__outer_step(th, m, g, n, lr, mu, nesterov, sg, sm)) return DISTRO_ERR_PAYLOAD;
+  memcpy(th, sg, sizeof(float) * (size_t)n);
+  memcpy(m, sm, sizeof(float) * (size_t)n);
+  return DISTRO_OK;
+}
+
 Test(sync_math, token_weights_match_float64) {
   const double tok[3] = {1000, 500, 0}, stp[3] = {10, 10, 4};
   double w[3];
-  distro__sy_weights(DISTRO_MERGE_TOKENS, 3, tok, stp, w);
+  distro__outer_weights(DISTRO_MERGE_TOKENS, 3, tok, stp, w);
   const double r[3] = {1e5, 2.5e4, 0};
   for (int i = 0; i < 3; i++) cr_assert(fabs(w[i] - r[i] / 1.25e5) < 1e-15, "w[%d] = %g", i, w[i]);
   /* A learner that ran twice the steps for the same tokens (smaller batches) weighs half. */
   const double tok2[2] = {1000, 1000}, stp2[2] = {10, 20};
-  distro__sy_weights(DISTRO_MERGE_RADIAL_TOKENS, 2, tok2, stp2, w);
+  distro__outer_weights(DISTRO_MERGE_RADIAL_TOKENS, 2, tok2, stp2, w);
   cr_assert(fabs(w[0] - 2.0 / 3) < 1e-15 && fabs(w[1] - 1.0 / 3) < 1e-15);
   const double z[2] = {0, 0};
-  distro__sy_weights(DISTRO_MERGE_TOKENS, 2, z, stp2, w);
+  distro__outer_weights(DISTRO_MERGE_TOKENS, 2, z, stp2, w);
   cr_assert(w[0] == 0.5 && w[1] == 0.5, "all-zero weights fall back to uniform");
-  distro__sy_weights(DISTRO_MERGE_MEAN, 2, tok2, stp2, w);
+  distro__outer_weights(DISTRO_MERGE_MEAN, 2, tok2, stp2, w);
   cr_assert(w[0] == 0.5 && w[1] == 0.5);
 }
 
@@ -83,8 +102,8 @@ Test(sync_math, merges_match_float64_reference) {
           d[r] = malloc(sizeof(float) * (size_t)n);
           tu_fill_normal(&rng, d[r], (size_t)n, (float)(0.5 + r));
         }
-        distro__sy_weights((distro_merge)mode, 3, tok, stp, w);
-        distro__sy_merge(&L, p, (distro_merge)mode, 3, (const float *const *)d, w, out);
+        distro__outer_weights((distro_merge)mode, 3, tok, stp, w);
+        merge(&L, p, (distro_merge)mode, 3, (const float *const *)d, w, out);
         ref_merge(&L, p, mode >= 2, 3, d, w, ref);
         const long bad = tu_first_mismatch(out, ref, (size_t)n, 1e-5, 1e-5);
         cr_assert_eq(bad, -1, "P %d mode %d fragment %d element %ld: %g vs %g", P, mode, p, bad,
@@ -109,8 +128,8 @@ Test(sync_math, radial_keeps_norm_where_mean_shrinks) {
     d[r] = malloc(sizeof(float) * (size_t)n);
     tu_fill_normal(&rng, d[r], (size_t)n, 1.0f);
   }
-  distro__sy_merge(&L, 0, DISTRO_MERGE_MEAN, 4, (const float *const *)d, w, a);
-  distro__sy_merge(&L, 0, DISTRO_MERGE_RADIAL, 4, (const float *const *)d, w, b);
+  merge(&L, 0, DISTRO_MERGE_MEAN, 4, (const float *const *)d, w, a);
+  merge(&L, 0, DISTRO_MERGE_RADIAL, 4, (const float *const *)d, w, b);
   double na = 0, nb = 0, nd = 0;
   for (int64_t j = 0; j < 300; j++) na += a[j] * a[j], nb += b[j] * b[j], nd += d[0][j] * d[0][j];
   cr_assert(sqrt(na) < 0.65 * sqrt(nd), "mean shrinks: %g vs %g", sqrt(na), sqrt(nd));
@@ -129,7 +148,7 @@ Test(sync_math, nesterov_outer_step_matches_float64) {
   for (int i = 0; i < n; i++) th[i] = (float)tu_normal(&rng), m[i] = 0, rth[i] = th[i], rm[i] = 0;
   for (int it = 0; it < 5; it++) {
     for (int i = 0; i < n; i++) g[i] = (float)tu_normal(&rng);
-    cr_assert_eq(distro__sy_outer_step(th, m, g, n, 0.7f, 0.9f, 1, sg, sm), DISTRO_OK);
+    cr_assert_eq(outer_step(th, m, g, n, 0.7f, 0.9f, 1, sg, sm), DISTRO_OK);
     for (int i = 0; i < n; i++) {
       rm[i] = 0.9 * rm[i] + g[i];
       rth[i] -= 0.7 * (g[i] + 0.9 * rm[i]);
@@ -139,7 +158,7 @@ Test(sync_math, nesterov_outer_step_matches_float64) {
   g[3] = 3e38f;
   th[3] = -3e38f;
   const float keep = th[0];
-  cr_assert_eq(distro__sy_outer_step(th, m, g, n, 0.7f, 0.9f, 1, sg, sm), DISTRO_ERR_PAYLOAD);
+  cr_assert_eq(outer_step(th, m, g, n, 0.7f, 0.9f, 1, sg, sm), DISTRO_ERR_PAYLOAD);
   cr_assert(th[0] == keep, "an overflowing step writes nothing");
 }
 
@@ -193,9 +212,9 @@ static double run_quadratic(distro_merge mode) {
       tok[r] = 128 * steps[r];
       stp[r] = steps[r];
     }
-    distro__sy_weights(mode, 2, tok, stp, w);
-    distro__sy_merge(&L, 0, mode, 2, (const float *const *)d, w, out);
-    cr_assert_eq(distro__sy_outer_step(G, mom, out, n, 0.7f, 0.5f, 1, sg, sm), DISTRO_OK);
+    distro__outer_weights(mode, 2, tok, stp, w);
+    merge(&L, 0, mode, 2, (const float *const *)d, w, out);
+    cr_assert_eq(outer_step(G, mom, out, n, 0.7f, 0.5f, 1, sg, sm), DISTRO_OK);
   }
   double mean = 0;
   for (int64_t j = 0; j < n; j++) mean += G[j];

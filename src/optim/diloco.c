@@ -12,6 +12,7 @@
 #include "compress/outer_codec.h"
 #include "optim/diloco_internal.h"
 #include "optim/optim_internal.h"
+#include "optim/outer_merge.h"
 
 #define PAR_MIN 32768
 
@@ -174,11 +175,10 @@ static void free_layout(distro_diloco *d) {
   free(d->w);
   free(d->nrm);
   free(d->coef);
-  free(d->coef2);
   free(d->tokbuf);
   d->tokbuf = NULL;
   d->w = d->nrm = NULL;
-  d->coef = d->coef2 = NULL;
+  d->coef = NULL;
   d->global = d->mom = NULL;
   d->layer = NULL;
   d->tflags = NULL;
@@ -278,10 +278,9 @@ distro_status distro__diloco_prepare(distro_diloco *d) {
   d->dec = malloc(sizeof(float) * (size_t)d->max_frag);
   d->w = malloc(sizeof(double) * (size_t)M);
   d->nrm = malloc(sizeof(double) * (size_t)M);
-  d->coef = malloc(sizeof(float) * (size_t)M);
-  d->coef2 = malloc(sizeof(float) * (size_t)M);
+  d->coef = malloc(sizeof(float) * 2 * (size_t)M);
   d->tokbuf = malloc(4 * sizeof(uint64_t) * (size_t)in->comm->size);
-  if (!d->send || !d->recv || !d->acc || !d->dec || !d->w || !d->nrm || !d->coef || !d->coef2 || !d->tokbuf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for outer buffers");
+  if (!d->send || !d->recv || !d->acc || !d->dec || !d->w || !d->nrm || !d->coef || !d->tokbuf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for outer buffers");
   free(numel);
   d->ready = 1;
   return DISTRO_OK;
@@ -448,97 +447,50 @@ static distro_status ensure_ready(distro_diloco *d) {
 
 /* ---- merge and outer step --------------------------------------------------- */
 
-/* Sum of squares in a fixed order (fixed 64 Ki chunks, then in order). */
-static double sumsq(const float *x, int64_t n) {
-  const int64_t C = 65536, nc = (n + C - 1) / C;
-  if (nc <= 1) {
-    double s = 0;
-    for (int64_t j = 0; j < n; j++) s += (double)x[j] * (double)x[j];
-    return s;
-  }
-  double *part = malloc(sizeof *part * (size_t)nc);
-  double s = 0;
-  if (!part) {
-    for (int64_t j = 0; j < n; j++) s += (double)x[j] * (double)x[j];
-    return s;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < nc; c++) {
-    double a = 0;
-    const int64_t hi = (c + 1) * C < n ? (c + 1) * C : n;
-    for (int64_t j = c * C; j < hi; j++) a += (double)x[j] * (double)x[j];
-    part[c] = a;
-  }
-  for (int64_t c = 0; c < nc; c++) s += part[c];
-  free(part);
-  return s;
-}
+/* The learners' outer gradients of fragment p, decoded from their payloads
+ * in d->recv as the merge asks for them (no copy of M decoded fragments). */
+typedef struct {
+  distro_diloco *d;
+  int p;
+} payload_source;
 
-/* acc[pieces q0..q1) = sum over learners r (in order) of coef[r] * decoded. */
-static void accumulate(distro_diloco *d, int p, int q0, int q1, const float *coef) {
+static void payload_accumulate(void *ctx, int q0, int q1, const float *coef, float *out) {
+  const payload_source *ps = ctx;
+  const distro_diloco *d = ps->d;
   const distro__fragments *f = &d->frags;
   for (int r = 0; r < d->M; r++) {
-    const uint8_t *buf = d->recv + (size_t)r * d->payload[p];
+    const uint8_t *buf = d->recv + (size_t)r * d->payload[ps->p];
     for (int q = q0; q < q1; q++)
       distro__outer_decode_axpy(d->opt.codec, buf + d->piece_byte[q], f->pieces[q].count, d->opt.codec_block, coef[r],
-                                d->acc + d->piece_elem[q], r == 0);
+                                out + d->piece_elem[q], r == 0);
   }
+}
+
+static double payload_norm(void *ctx, int r, int q0, int q1) {
+  const payload_source *ps = ctx;
+  distro_diloco *d = ps->d;
+  const distro__fragments *f = &d->frags;
+  const uint8_t *buf = d->recv + (size_t)r * d->payload[ps->p];
+  for (int q = q0; q < q1; q++)
+    distro__outer_decode(d->opt.codec, buf + d->piece_byte[q], f->pieces[q].count, d->opt.codec_block,
+                         d->dec + d->piece_elem[q]);
+  const int64_t e0 = d->piece_elem[q0], e1 = q1 < f->start[ps->p + 1] ? d->piece_elem[q1] : f->numel[ps->p];
+  return sqrt(distro__sumsq(d->dec + e0, e1 - e0));
 }
 
 /* Merges the validated payloads in d->recv for fragment p into d->acc. */
 static void merge(distro_diloco *d, int p) {
-  const int M = d->M;
-  const distro__fragments *f = &d->frags;
-  double *w = d->w, *nrm = d->nrm;
-  float *coef = d->coef, *c2 = d->coef2;
-  const int tokens = d->opt.merge == DISTRO_MERGE_TOKENS || d->opt.merge == DISTRO_MERGE_RADIAL_TOKENS;
-  const int radial = d->opt.merge == DISTRO_MERGE_RADIAL || d->opt.merge == DISTRO_MERGE_RADIAL_TOKENS;
-  double sum = 0;
-  for (int r = 0; r < M; r++) {
+  double *tok = d->w, *steps = d->nrm; /* become the weights; nrm is free again after */
+  for (int r = 0; r < d->M; r++) {
     const uint8_t *h = d->recv + (size_t)r * d->payload[p];
-    const double tk = (double)distro__get_u64(h + 24), sp = (double)distro__get_u64(h + 32);
-    w[r] = tokens ? (sp > 0 ? tk * tk / sp : 0.0) : 1.0;
-    sum += w[r];
+    tok[r] = (double)distro__get_u64(h + 24);
+    steps[r] = (double)distro__get_u64(h + 32);
   }
-  for (int r = 0; r < M; r++) w[r] = sum > 0 && isfinite(sum) ? w[r] / sum : 1.0 / M;
-  for (int r = 0; r < M; r++) coef[r] = (float)w[r];
-  if (!radial) {
-    accumulate(d, p, f->start[p], f->start[p + 1], coef);
-    return;
-  }
-  /* Radial-directional, per tensor within the fragment (its pieces are
-   * consecutive): mean norm times the unit mean of unit directions. */
-  for (int g0 = f->start[p]; g0 < f->start[p + 1];) {
-    int g1 = g0 + 1;
-    while (g1 < f->start[p + 1] && f->pieces[g1].tensor == f->pieces[g0].tensor) g1++;
-    const int64_t e0 = d->piece_elem[g0], e1 = g1 < f->start[p + 1] ? d->piece_elem[g1] : f->numel[p];
-    int plain = (d->tflags[f->pieces[g0].tensor] & DISTRO_DILOCO_PLAIN_MERGE) != 0;
-    double R = 0;
-    for (int r = 0; r < M && !plain; r++) {
-      const uint8_t *buf = d->recv + (size_t)r * d->payload[p];
-      for (int q = g0; q < g1; q++)
-        distro__outer_decode(d->opt.codec, buf + d->piece_byte[q], f->pieces[q].count, d->opt.codec_block,
-                             d->dec + d->piece_elem[q]);
-      nrm[r] = sqrt(sumsq(d->dec + e0, e1 - e0));
-      if (!(nrm[r] > 0) || !isfinite(nrm[r])) plain = 1;
-      R += w[r] * nrm[r];
-    }
-    if (!plain) {
-      for (int r = 0; r < M; r++) c2[r] = (float)(w[r] / nrm[r]);
-      accumulate(d, p, g0, g1, c2);
-      const double un = sqrt(sumsq(d->acc + e0, e1 - e0));
-      if (un > 0 && isfinite(un)) {
-        const float s = (float)(R / un);
-        float *acc = d->acc;
-#pragma omp parallel for schedule(static) if (e1 - e0 > PAR_MIN)
-        for (int64_t j = e0; j < e1; j++) acc[j] *= s;
-      } else {
-        plain = 1;
-      }
-    }
-    if (plain) accumulate(d, p, g0, g1, coef);
-    g0 = g1;
-  }
+  distro__outer_weights(d->opt.merge, d->M, tok, steps, d->w);
+  payload_source ps = {d, p};
+  const distro__outer_source src = {&ps, payload_accumulate, payload_norm};
+  distro__outer_merge(&d->frags, d->piece_elem, d->tflags, p, d->opt.merge, d->M, d->w, &src, d->acc, d->coef,
+                      d->nrm);
 }
 
 /* All-gather, validate, merge and outer-step the fragment in d->x_frag. Runs
@@ -584,21 +536,10 @@ static distro_status exchange_run(distro_diloco *d) {
   merge(d, p);
   /* Outer step into the staging buffers (acc: new global, dec: new momentum). */
   const int64_t n = f->numel[p];
-  const float lr = d->opt.outer_lr, mu = d->opt.outer_momentum;
-  const int nest = d->opt.nesterov;
   float *acc = d->acc, *dec = d->dec;
-  const float *g0 = d->global[p], *m0 = d->mom[p];
-  int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad) if (n > PAR_MIN)
-  for (int64_t j = 0; j < n; j++) {
-    const float g = acc[j];
-    const float m = mu * m0[j] + g;
-    const float th = nest ? g0[j] - lr * (g + mu * m) : g0[j] - lr * m;
-    bad |= !isfinite(g) | !isfinite(m) | !isfinite(th);
-    dec[j] = m;
-    acc[j] = th;
-  }
-  if (bad) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: the merged outer gradient or the outer step of fragment %d overflowed", p);
+  if (!distro__outer_step(d->global[p], d->mom[p], acc, n, d->opt.outer_lr, d->opt.outer_momentum, d->opt.nesterov,
+                          acc, dec))
+    DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: the merged outer gradient or the outer step of fragment %d overflowed", p);
   memcpy(d->global[p], acc, sizeof(float) * (size_t)n);
   memcpy(d->mom[p], dec, sizeof(float) * (size_t)n);
   return DISTRO_OK;

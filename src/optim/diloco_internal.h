@@ -59,7 +59,7 @@ struct distro_diloco {
   uint8_t *send, *recv;        /* max_payload, M * max_payload */
   float *acc, *dec;            /* max_frag each */
   double *w, *nrm;             /* M: merge weights, radial norms */
-  float *coef, *coef2;         /* M */
+  float *coef;                 /* 2M: merge coefficients (outer_merge.h) */
   uint64_t *tokbuf;            /* 4 per inner rank: token agreement */
 
   /* Progress. */

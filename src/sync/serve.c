@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "compress/outer_codec.h"
+#include "optim/outer_merge.h"
 #include "sync/syncer_internal.h"
 
 #define WELCOME_SEED 1u
@@ -603,20 +604,25 @@ static void merge(distro_syncer *s, int p, double now) {
     bytes_in += s->L.frag_bytes[p] + DISTRO__SY_HEADER;
     if (rp->learner < 32) mask |= 1u << rp->learner;
   }
-  distro__sy_weights(s->opt.merge, nr, tok, stp, w);
-  float *g = s->scratch, *sg = s->scratch + s->maxf, *sm = s->scratch + 2 * s->maxf, *keep = s->scratch + 3 * s->maxf;
-  distro__sy_merge(&s->L, p, s->opt.merge, nr, (const float *const *)s->deltas, w, g);
+  distro__outer_weights(s->opt.merge, nr, tok, stp, w);
+  float *g = s->scratch, *sm = s->scratch + s->maxf, *keep = s->scratch + 2 * s->maxf;
+  float coef[2 * 256];
+  double nrm[256];
+  distro__sy_merge(&s->L, p, s->opt.merge, nr, (const float *const *)s->deltas, w, g, coef, nrm);
   memcpy(keep, F->global, sizeof(float) * (size_t)n);
+  /* New global into g (in place), new momentum into sm; committed below. */
+  const int ok = distro__outer_step(F->global, F->mom, g, n, s->opt.outer_lr, s->opt.outer_momentum, s->opt.nesterov,
+                                    g, sm);
   pthread_mutex_lock(&s->mu);
-  distro_status st = distro__sy_outer_step(F->global, F->mom, g, n, s->opt.outer_lr, s->opt.outer_momentum,
-                                           s->opt.nesterov, sg, sm);
-  if (st == DISTRO_OK) {
+  if (ok) {
+    memcpy(F->mom, sm, sizeof(float) * (size_t)n);
+    memcpy(F->global, g, sizeof(float) * (size_t)n);
     F->version++;
     s->merges++;
   }
   pthread_mutex_unlock(&s->mu);
-  if (st != DISTRO_OK) {
-    distro__syncer_log(s, "fragment %d: merge dropped: %s", p, distro_last_error());
+  if (!ok) {
+    distro__syncer_log(s, "fragment %d: merge dropped: the merged outer gradient or the outer step overflowed", p);
     drop_reports(F);
     F->open = 0;
     return;

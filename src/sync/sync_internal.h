@@ -111,16 +111,11 @@ void distro__sy_scatter(const distro__sy_layout *L, int p, const float *src, flo
 
 /* ------------------------------------------------------------- merge */
 
-/* Weights w_m (sum 1, float64): tokens_m^2 / steps_m for the token merges,
- * uniform otherwise and when every weight is 0. */
-void distro__sy_weights(distro_merge mode, int n, const double *tokens, const double *steps, double *w);
 /* out = merged outer gradient of fragment p from n decoded deltas (each
- * numel[p] floats); radial merges work per tensor within the fragment. */
+ * numel[p] floats), by optim/outer_merge.h's rules (weights from
+ * distro__outer_weights, the outer step distro__outer_step). Scratch: coef
+ * 2n floats, nrm n doubles. */
 void distro__sy_merge(const distro__sy_layout *L, int p, distro_merge mode, int n, const float *const *delta,
-                      const double *w, float *out);
-/* Outer SGD step on (global, mom) with gradient g, staged in (g_new, m_new)
- * scratch: returns DISTRO_ERR_PAYLOAD (nothing written) on overflow. */
-distro_status distro__sy_outer_step(float *global, float *mom, const float *g, int64_t n, float lr, float mu,
-                                    int nesterov, float *scratch_g, float *scratch_m);
+                      const double *w, float *out, float *coef, double *nrm);
 
 #endif

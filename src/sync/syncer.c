@@ -133,7 +133,7 @@ distro_status distro__syncer_alloc_state(distro_syncer *s) {
       DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   }
   s->maxf = maxf;
-  s->scratch = malloc(sizeof(float) * (size_t)maxf * 4);
+  s->scratch = malloc(sizeof(float) * (size_t)maxf * 3); /* merged gradient, momentum, previous global */
   if (!s->scratch) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   return DISTRO_OK;
 fail:
