@@ -19,22 +19,13 @@
 #include "compress/value_codec.h"
 #include "compress/wire.h"
 #include "testutil.h"
+#include "wire_ref.h"
 
 typedef unsigned __int128 u128;
 #define SEED (unsigned long long)seed
 
 /* ---------------------------------------------------------------- helpers */
 
-static uint32_t f2u(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return u;
-}
-static float u2f(uint32_t u) {
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
 static uint64_t mask64(int n) { return n >= 64 ? ~0ULL : (1ULL << n) - 1; }
 
 /* Reference bit writer: bit p of the stream is bit p % 8 of byte p / 8. */

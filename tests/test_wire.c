@@ -14,40 +14,9 @@
 #include "compress/chunk.h"
 #include "compress/wire.h"
 #include "testutil.h"
+#include "wire_ref.h"
 
 /* ---------------------------------------------------------------- helpers */
-
-static uint32_t rd32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
-static void wr32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void wr64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t f2u(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return u;
-}
-static float u2f(uint32_t u) {
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
-
-/* Bitwise CRC32C (reflected 0x82f63b78), independent of the library's
- * table and SSE4.2 paths. */
-static uint32_t ref_crc32c(const uint8_t *p, size_t n) {
-  uint32_t c = 0xffffffffu;
-  for (size_t i = 0; i < n; i++) {
-    c ^= p[i];
-    for (int b = 0; b < 8; b++) c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1u)));
-  }
-  return ~c;
-}
 
 /* Exact value of a bf16 pattern with an unbounded exponent: the pattern just
  * above the largest finite one (0x7f80) reads as 2^128, which lets the

@@ -22,6 +22,7 @@
 
 #include <math.h>
 
+#include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "compress/chunk.h"
@@ -63,22 +64,17 @@ static void setup(void) {
   done = 1;
 }
 
-static uint32_t rd32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
 
 static void seal_raw(uint8_t *buf, size_t size) {
   if (size < 4) return;
-  uint32_t c = distro__crc32c(buf, size - 4);
-  for (int i = 0; i < 4; i++) buf[size - 4 + i] = (uint8_t)(c >> (8 * i));
+  distro__put_u32(buf + size - 4, distro__crc32c(buf, size - 4));
 }
 
 /* Decode a validated payload, check what validation promises, re-encode. */
 static void check_accepted(const uint8_t *buf, size_t size, const distro__wire_layout *l) {
   uint8_t *again = malloc(size);
   if (!again) die("malloc");
-  distro__wire_write_header(again, l, tilings, 0, rd32(buf + 12), rd64(buf + 16), rd32(buf + 32), rd32(buf + 36));
+  distro__wire_write_header(again, l, tilings, 0, distro__get_u32(buf + 12), distro__get_u64(buf + 16), distro__get_u32(buf + 32), distro__get_u32(buf + 36));
   for (int i = 0; i < NT; i++) {
     const distro__tiling *t = &tilings[i];
     const int64_t count = t->nchunks * t->k;
@@ -127,7 +123,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (aborted != 0) die("aborted set on a rejected payload");
   } else if (aborted == 1) {
     if (n != l->total || !(buf[7] & DISTRO__WIRE_FLAG_ABORT)) die("abort accepted without its flag");
-    if (why != rd32(buf + 32) || tensor != rd32(buf + 36)) die("abort status/tensor not reported");
+    if (why != distro__get_u32(buf + 32) || tensor != distro__get_u32(buf + 36)) die("abort status/tensor not reported");
   } else if (aborted == 0) {
     if (n != l->total) die("accepted a payload of the wrong size");
     check_accepted(buf, n, l);

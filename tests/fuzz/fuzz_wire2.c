@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "compress/chunk.h"
@@ -84,18 +85,8 @@ static void setup(void) {
   done = 1;
 }
 
-static uint32_t rd32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
-static void wr32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void wr64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
 static void seal_raw(uint8_t *buf, size_t size) {
-  if (size >= 4) wr32(buf + size - 4, distro__crc32c(buf, size - 4));
+  if (size >= 4) distro__put_u32(buf + size - 4, distro__crc32c(buf, size - 4));
 }
 
 /* Does the last error name exactly "rank 3"? */
@@ -186,12 +177,12 @@ static void check_reencode(const selection *s, distro_values v) {
 
 static void fix_header(uint8_t *buf, size_t n, distro_values v, int clear_flags) {
   if (n < HEAD + 4) return;
-  wr32(buf, DISTRO__WIRE_MAGIC);
+  distro__put_u32(buf, DISTRO__WIRE_MAGIC);
   buf[4] = 2;
   buf[5] = 0;
   buf[6] = (uint8_t)v;
-  wr32(buf + 8, NT);
-  wr64(buf + 24, n);
+  distro__put_u32(buf + 8, NT);
+  distro__put_u64(buf + 24, n);
   if (clear_flags) {
     buf[7] = 0;
     memset(buf + 32, 0, 8);
@@ -203,19 +194,19 @@ static void fix_descriptors(uint8_t *buf, size_t n) {
   uint64_t sum = 0;
   for (int i = 0; i < NT; i++) {
     uint8_t *d = buf + 40 + 40 * i;
-    wr32(d, (uint32_t)ts[i].t.h);
-    wr32(d + 4, (uint32_t)ts[i].t.w);
-    wr32(d + 8, (uint32_t)ts[i].t.k);
+    distro__put_u32(d, (uint32_t)ts[i].t.h);
+    distro__put_u32(d + 4, (uint32_t)ts[i].t.w);
+    distro__put_u32(d + 8, (uint32_t)ts[i].t.k);
     d[15] = 0;
-    wr64(d + 16, (uint64_t)ts[i].t.nchunks);
+    distro__put_u64(d + 16, (uint64_t)ts[i].t.nchunks);
     /* Keep section sizes small enough to sum; the last value section takes
      * what is left. */
-    uint64_t ib = rd64(d + 24) % (n + 1), vb = rd64(d + 32) % (n + 1);
-    wr64(d + 24, ib);
-    wr64(d + 32, vb);
+    uint64_t ib = distro__get_u64(d + 24) % (n + 1), vb = distro__get_u64(d + 32) % (n + 1);
+    distro__put_u64(d + 24, ib);
+    distro__put_u64(d + 32, vb);
     sum += ib + (i < NT - 1 ? vb : 0);
   }
-  if (sum <= n - 4 - HEAD) wr64(buf + 40 + 40 * (NT - 1) + 32, n - 4 - HEAD - sum);
+  if (sum <= n - 4 - HEAD) distro__put_u64(buf + 40 + 40 * (NT - 1) + 32, n - 4 - HEAD - sum);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -245,10 +236,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (aborted != 0) die("aborted set on a rejected payload");
   } else if (aborted == 1) {
     if (!(buf[7] & DISTRO__WIRE_FLAG_ABORT)) die("abort accepted without its flag");
-    if (why != rd32(buf + 32) || tensor != rd32(buf + 36)) die("abort status/tensor not reported");
+    if (why != distro__get_u32(buf + 32) || tensor != distro__get_u32(buf + 36)) die("abort status/tensor not reported");
   } else if (aborted == 0) {
     if (buf[7] != 0) die("accepted a payload with flags");
-    if (rd64(buf + 24) != n) die("accepted a payload whose total field is not its size");
+    if (distro__get_u64(buf + 24) != n) die("accepted a payload whose total field is not its size");
     check_selection(&out, v);
     check_reencode(&out, v);
   } else {
@@ -306,24 +297,24 @@ static size_t forced(uint8_t *out, size_t cap, const selection *s, distro_values
     if (!ib) die("forced index section does not fit");
     size_t vb = distro__val_encode(v, vparam, s->val[i], t->nchunks, t->k, out + at + ib, cap - at - ib);
     if (!vb) die("forced value section does not fit");
-    wr32(d, (uint32_t)t->h);
-    wr32(d + 4, (uint32_t)t->w);
-    wr32(d + 8, (uint32_t)t->k);
+    distro__put_u32(d, (uint32_t)t->h);
+    distro__put_u32(d + 4, (uint32_t)t->w);
+    distro__put_u32(d + 8, (uint32_t)t->k);
     d[12] = (uint8_t)icodec[i];
     d[13] = (uint8_t)iparam[i];
     d[14] = (uint8_t)vparam;
-    wr64(d + 16, (uint64_t)t->nchunks);
-    wr64(d + 24, ib);
-    wr64(d + 32, vb);
+    distro__put_u64(d + 16, (uint64_t)t->nchunks);
+    distro__put_u64(d + 24, ib);
+    distro__put_u64(d + 32, vb);
     at += ib + vb;
   }
-  wr32(out, DISTRO__WIRE_MAGIC);
+  distro__put_u32(out, DISTRO__WIRE_MAGIC);
   out[4] = 2;
   out[6] = (uint8_t)v;
-  wr32(out + 8, NT);
-  wr32(out + 12, PEER);
-  wr64(out + 16, 5);
-  wr64(out + 24, at + 4);
+  distro__put_u32(out + 8, NT);
+  distro__put_u32(out + 12, PEER);
+  distro__put_u64(out + 16, 5);
+  distro__put_u64(out + 24, at + 4);
   seal_raw(out, at + 4);
   return at + 4;
 }
