@@ -8,6 +8,7 @@
 
 #include <distro/distro.h>
 #include "comm/comm_internal.h"
+#include "corrupt_comm.h"
 #include "testutil.h"
 
 #define MAXR 4
@@ -30,43 +31,13 @@ typedef struct {
   char msg[MAXR][512];
 } run_cfg;
 
-/* A communicator that wraps another and corrupts one rank's slot on request. */
-typedef struct {
-  distro_comm *inner;
-  int corrupt_rank, armed;
-} corrupting;
-
-static distro_status corrupt_allgather(distro_comm *c, const void *send, size_t bytes, void *recv) {
-  corrupting *k = c->impl;
-  distro_status st = k->inner->ops->allgather(k->inner, send, bytes, recv);
-  if (st == DISTRO_OK && k->armed) ((uint8_t *)recv)[(size_t)k->corrupt_rank * bytes + bytes / 2] ^= 0x10;
-  return st;
-}
-static distro_status corrupt_allgatherv(distro_comm *c, const void *send, size_t bytes, void *recv, size_t slot,
-                                        size_t *sizes) {
-  corrupting *k = c->impl;
-  distro_status st = k->inner->ops->allgatherv(k->inner, send, bytes, recv, slot, sizes);
-  if (st == DISTRO_OK && k->armed)
-    ((uint8_t *)recv)[(size_t)k->corrupt_rank * slot + sizes[k->corrupt_rank] / 2] ^= 0x10;
-  return st;
-}
-static distro_status corrupt_allreduce(distro_comm *c, float *b, size_t n) {
-  corrupting *k = c->impl;
-  return k->inner->ops->allreduce_sum(k->inner, b, n);
-}
-static distro_status corrupt_barrier(distro_comm *c) {
-  corrupting *k = c->impl;
-  return k->inner->ops->barrier(k->inner);
-}
-static const distro__comm_ops corrupt_ops = {"corrupting", corrupt_allgather, corrupt_allgatherv, corrupt_allreduce,
-                                             corrupt_barrier, NULL};
-
 static size_t numel(int i) { return (size_t)(shapes[i][0] * (ndims[i] == 2 ? shapes[i][1] : 1)); }
 
 static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   run_cfg *cfg = arg;
-  corrupting k = {comm, cfg->corrupt_rank, 0};
-  distro_comm wrapped = {&corrupt_ops, comm->rank, comm->size, &k};
+  tu_corrupting k = {comm, cfg->corrupt_rank, 1, 0};
+  distro_comm wrapped;
+  tu_corrupting_wrap(&k, &wrapped);
   float *p[NT], *g[NT];
   distro_optim *o = NULL;
   cr_assert_eq(distro_optim_create(&cfg->opt, &wrapped, &o), DISTRO_OK);
@@ -92,7 +63,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       else
         g[2][7] = NAN;
     }
-    k.armed = bad && cfg->corrupt_rank >= 0;
+    k.armed = bad;
     distro_status st = distro_optim_step(o, 0.01f, NULL);
     if (bad) {
       cfg->st_bad[rank] = st;

@@ -17,6 +17,7 @@
 #include <distro/distro.h>
 #include "comm/comm_internal.h"
 #include "optim/optim_internal.h"
+#include "corrupt_comm.h"
 #include "testutil.h"
 
 #define MAXR 4
@@ -74,48 +75,11 @@ static void cfg_free(run_cfg *c) {
   }
 }
 
-/* A communicator that wraps another and flips a byte of one rank's payload
- * after the exchange. */
-typedef struct {
-  distro_comm *inner;
-  const run_cfg *cfg;
-  int armed;
-} corrupting;
-
-static int hits(const corrupting *k, int self) {
-  return k->armed && (k->cfg->corrupt_self || self != k->cfg->corrupt_rank);
-}
-static distro_status c_allgather(distro_comm *c, const void *send, size_t bytes, void *recv) {
-  corrupting *k = c->impl;
-  distro_status st = k->inner->ops->allgather(k->inner, send, bytes, recv);
-  /* Wire v1 payloads travel here too; the first step's signature (a few
-   * dozen bytes) must not be touched. */
-  if (st == DISTRO_OK && bytes >= 200 && hits(k, c->rank))
-    ((uint8_t *)recv)[(size_t)k->cfg->corrupt_rank * bytes + bytes / 2] ^= 0x10;
-  return st;
-}
-static distro_status c_allgatherv(distro_comm *c, const void *send, size_t bytes, void *recv, size_t slot,
-                                  size_t *sizes) {
-  corrupting *k = c->impl;
-  distro_status st = k->inner->ops->allgatherv(k->inner, send, bytes, recv, slot, sizes);
-  if (st == DISTRO_OK && hits(k, c->rank))
-    ((uint8_t *)recv)[(size_t)k->cfg->corrupt_rank * slot + sizes[k->cfg->corrupt_rank] / 2] ^= 0x10;
-  return st;
-}
-static distro_status c_allreduce(distro_comm *c, float *b, size_t n) {
-  corrupting *k = c->impl;
-  return k->inner->ops->allreduce_sum(k->inner, b, n);
-}
-static distro_status c_barrier(distro_comm *c) {
-  corrupting *k = c->impl;
-  return k->inner->ops->barrier(k->inner);
-}
-static const distro__comm_ops corrupt_ops = {"corrupting", c_allgather, c_allgatherv, c_allreduce, c_barrier, NULL};
-
 static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   run_cfg *cfg = arg;
-  corrupting k = {comm, cfg, 0};
-  distro_comm wrapped = {&corrupt_ops, comm->rank, comm->size, &k};
+  tu_corrupting k = {comm, cfg->corrupt_rank, cfg->corrupt_self, 0};
+  distro_comm wrapped;
+  tu_corrupting_wrap(&k, &wrapped);
   distro_options opt = cfg->opt;
   if (cfg->wire_version[rank]) opt.wire_version = cfg->wire_version[rank];
   float *p[NT], *g[NT];
@@ -136,7 +100,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     tu_rng r = {cfg->seed * 31 + (uint64_t)(s * 16 + cfg->ident[rank]) + 1};
     for (int i = 0; i < NT; i++) tu_fill_normal(&r, g[i], numel(i), scale);
     if (rank == cfg->nan_rank && s == cfg->nan_step) g[1][3] = NAN;
-    k.armed = cfg->corrupt_rank >= 0 && ((cfg->corrupt_steps >> s) & 1);
+    k.armed = (cfg->corrupt_steps >> s) & 1;
     memset(&cfg->stats[rank][s], 0xee, sizeof cfg->stats[rank][s]);
     cfg->st[rank][s] = distro_optim_step(o, 0.01f, &cfg->stats[rank][s]);
     snprintf(cfg->msg[rank][s], sizeof cfg->msg[rank][s], "%s", cfg->st[rank][s] ? distro_last_error() : "");
