@@ -85,17 +85,23 @@ Test(sync_badinput, every_bad_message_rejected_job_keeps_merging) {
   hdr[0] ^= 0xff;
   zmq_send(raw, hdr, sizeof hdr, 0);
   nbad += expect("bad magic", DISTRO_SYNC_E_MALFORMED);
-  /* 4. corrupt CRC (a flipped payload byte). */
+  /* 4. corrupt CRC (a flipped payload byte of a type that has a payload). */
   uint8_t pl[16] = {1, 2, 3};
+  m.type = DISTRO__SY_HELLO;
   m.payload_bytes = 16;
   distro__sy_encode(&m, pl, hdr);
   pl[5] ^= 4;
   zmq_send(raw, hdr, sizeof hdr, ZMQ_SNDMORE), zmq_send(raw, pl, 16, 0);
   nbad += expect("crc", DISTRO_SYNC_E_CRC);
-  /* 5. protocol version 2 with a valid CRC. */
+  /* 4b. a payload on a type that has none: refused before its CRC is read. */
+  m.type = DISTRO__SY_HEARTBEAT;
+  distro__sy_encode(&m, pl, hdr);
+  zmq_send(raw, hdr, sizeof hdr, ZMQ_SNDMORE), zmq_send(raw, pl, 16, 0);
+  nbad += expect("heartbeat payload", DISTRO_SYNC_E_MALFORMED);
+  /* 5. another protocol version with a valid CRC. */
   m.payload_bytes = 0;
   distro__sy_encode(&m, NULL, hdr);
-  hdr[4] = 2;
+  hdr[4] = DISTRO__SY_PROTOCOL + 1;
   distro__put_u32(hdr + 68, distro__crc32c(hdr, 68));
   zmq_send(raw, hdr, sizeof hdr, 0);
   nbad += expect("protocol version", DISTRO_SYNC_E_PROTOCOL);
