@@ -316,6 +316,7 @@ static void on_hello(distro_syncer *s, route r, const distro__sy_msg *m, const u
   sy_learner *l = enroll(s, r, id, &h, now);
   if (!l) return;
   l->ready = has_state;
+  l->rejoined = has_state;
   int peers[DISTRO__SY_MAX_PEERS], np = has_state ? 0 : choose_peers(s, id, peers);
   distro__syncer_log(s, "learner %u joins (%s)%s%s", (unsigned)id, has_state ? "has state" : "new",
                      has_state ? "" : np > 0 ? ", pulls state from learner " : ", fetches state from the syncer",
@@ -393,8 +394,17 @@ static void on_fetch(distro_syncer *s, route r, sy_learner *l, uint32_t learner,
   free(buf);
 }
 
-static void on_upload(distro_syncer *s, route r, const distro__sy_msg *m, const uint8_t *pl, size_t pn) {
+/* UPLOAD: after a restart from a checkpoint, a rejoining learner hands
+ * back fragments merged since that checkpoint (at most checkpoint_every
+ * merges ahead). A syncer without checkpoints never needs one. */
+static void on_upload(distro_syncer *s, route r, const sy_learner *l, const distro__sy_msg *m, const uint8_t *pl,
+                      size_t pn) {
   const uint32_t p = m->fragment;
+  if (!s->opt.checkpoint || !l->rejoined) {
+    reject(s, r, m->learner, DISTRO_SYNC_E_ROUND, m->type, p, 0,
+           "UPLOAD is only taken after a restart from a checkpoint, from a learner that rejoined with its state");
+    return;
+  }
   if (p >= (uint32_t)s->L.P || pn != 4 * (size_t)s->L.frags.numel[p]) {
     reject(s, r, m->learner, DISTRO_SYNC_E_MALFORMED, m->type, p, 0, "UPLOAD of fragment %u with %zu bytes",
            (unsigned)p, pn);
@@ -404,6 +414,12 @@ static void on_upload(distro_syncer *s, route r, const distro__sy_msg *m, const 
   if (m->b <= F->version) {
     reject(s, r, m->learner, DISTRO_SYNC_E_STALE, m->type, p, 0, "UPLOAD of version %llu, syncer has %llu",
            (unsigned long long)m->b, (unsigned long long)F->version);
+    return;
+  }
+  if (m->b - F->version > (uint64_t)s->opt.checkpoint_every) {
+    reject(s, r, m->learner, DISTRO_SYNC_E_MALFORMED, m->type, p, 0,
+           "UPLOAD of version %llu, more than checkpoint_every (%d) merges ahead of the syncer's %llu",
+           (unsigned long long)m->b, s->opt.checkpoint_every, (unsigned long long)F->version);
     return;
   }
   for (size_t j = 0; j < pn / 4; j++) {
@@ -616,7 +632,7 @@ void distro__syncer_handle(distro_syncer *s, distro__sy_frames *fr, double now) 
       }
       break;
     case DISTRO__SY_FETCH: on_fetch(s, r, l, m.learner, now); break;
-    case DISTRO__SY_UPLOAD: on_upload(s, r, &m, pl, pn); break;
+    case DISTRO__SY_UPLOAD: on_upload(s, r, l, &m, pl, pn); break;
     case DISTRO__SY_REPORT: on_report(s, r, l, &m, pl, pn); break;
     default: break;
   }

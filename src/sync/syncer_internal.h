@@ -15,6 +15,7 @@
 typedef struct sy_learner {
   int alive;
   int ready;               /* holds a consistent copy (serves peers) */
+  int rejoined;            /* said hello with its state (may UPLOAD newer fragments) */
   uint8_t rid[256];        /* ZeroMQ routing id of its connection */
   size_t rid_n;
   double last_seen;
