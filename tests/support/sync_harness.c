@@ -174,6 +174,7 @@ static void *learner_main(void *arg) {
   o.keep_local = L->keep_local;
   o.log = L->log;
   if (L->serve_endpoint) o.serve_endpoint = L->serve_endpoint;
+  o.curve_allowed = L->allowed;
   const int nb = L->n / 4, nw = L->n - nb;
   distro_status st = distro_learner_create(&o, &L->l);
   if (st == DISTRO_OK) st = distro_learner_add_tensor(L->l, "w", L->theta, nw, 0);

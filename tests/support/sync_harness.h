@@ -73,6 +73,7 @@ typedef struct sh_learner {
   const char *server_key, *keypair; /* CURVE (NULL: plain) */
   distro_sync_log_fn log;           /* NULL: silent */
   const char *serve_endpoint;       /* NULL: the default */
+  const char *allowed;              /* curve_allowed of its state endpoint (NULL: any key) */
 } sh_learner;
 
 void sh_learner_init(sh_learner *L, const char *endpoint, int id, int n, double target, double step_ms);
