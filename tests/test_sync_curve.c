@@ -137,21 +137,26 @@ static int curve_hello(void *s, uint32_t id, uint64_t sig, const char *advertise
   return sr_first_reply(s, 5);
 }
 
+/* A CURVE syncer allowing A, B and C, and learner A (id 0, not started). */
+static void curve_job(sh_syncer *h, char *ep, size_t n, const keys *k, sh_learner *a) {
+  sh_init(h, ep, n);
+  distro_syncer_options o;
+  sh_options(&o, ep, 1);
+  o.curve_keypair = k->s;
+  o.curve_allowed = k->allowed;
+  cr_assert_eq(sh_start(h, &o), DISTRO_OK, "%s", distro_last_error());
+  sh_learner_init(a, ep, 0, 64, 1.0, 5);
+  a->server_key = k->s_pub;
+  a->keypair = k->a;
+}
+
 Test(sync_curve, learner_id_stays_with_its_key_and_hello_advertises_its_own) {
   static keys k;
   make_keys(&k);
   sh_syncer h;
   char ep[300];
-  sh_init(&h, ep, sizeof ep);
-  distro_syncer_options o;
-  sh_options(&o, ep, 1);
-  o.curve_keypair = k.s;
-  o.curve_allowed = k.allowed;
-  cr_assert_eq(sh_start(&h, &o), DISTRO_OK, "%s", distro_last_error());
   sh_learner a;
-  sh_learner_init(&a, ep, 0, 64, 1.0, 5);
-  a.server_key = k.s_pub;
-  a.keypair = k.a;
+  curve_job(&h, ep, sizeof ep, &k, &a);
   cr_assert_eq(sh_learner_run(&a), 0);
   cr_assert_geq(sh_wait_merges(&h, 3, 15), 3, "%s", a.start_error);
   void *ctx = zmq_ctx_new();
@@ -202,16 +207,8 @@ Test(sync_curve, state_endpoint_serves_only_allowed_keys) {
   make_keys(&k);
   sh_syncer h;
   char ep[300];
-  sh_init(&h, ep, sizeof ep);
-  distro_syncer_options o;
-  sh_options(&o, ep, 1);
-  o.curve_keypair = k.s;
-  o.curve_allowed = k.allowed;
-  cr_assert_eq(sh_start(&h, &o), DISTRO_OK, "%s", distro_last_error());
   sh_learner a;
-  sh_learner_init(&a, ep, 0, 64, 1.0, 5);
-  a.server_key = k.s_pub;
-  a.keypair = k.a;
+  curve_job(&h, ep, sizeof ep, &k, &a);
   a.allowed = k.only_a;
   cr_assert_eq(sh_learner_run(&a), 0);
   cr_assert_geq(sh_wait_merges(&h, 3, 15), 3, "%s", a.start_error);
