@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef DISTRO_WITH_SYNC
@@ -45,6 +46,44 @@ Test(sync_layout, sha256_fips_examples) {
   distro__sha256_final(&c, d);
   hex(d, h);
   cr_assert_str_eq(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+/* The fragment digest is a SHA-256 tree (1 MiB leaves, hashed in
+ * parallel); here computed leaf by leaf from its definition. */
+static void tree_ref(const float *x, int64_t n, uint8_t out[32]) {
+  const size_t bytes = 4 * (size_t)n, leaf = (size_t)1 << 20;
+  uint8_t *buf = malloc(1 + leaf), len[8], d[32];
+  distro__sha256_ctx root;
+  distro__sha256_init(&root);
+  distro__sha256_update(&root, "\x01", 1);
+  distro__put_u64(len, bytes);
+  distro__sha256_update(&root, len, 8);
+  for (size_t off = 0; off < bytes; off += leaf) {
+    const size_t k = bytes - off < leaf ? bytes - off : leaf;
+    buf[0] = 0;
+    memcpy(buf + 1, (const uint8_t *)x + off, k);
+    distro__sha256(buf, k + 1, d);
+    distro__sha256_update(&root, d, 32);
+  }
+  distro__sha256_final(&root, out);
+  free(buf);
+}
+
+Test(sync_layout, fragment_digest_is_the_sha256_tree) {
+  const int64_t sizes[] = {1, 1000, 262144, 262145, 600000};
+  float *x = malloc(sizeof(float) * 600000);
+  tu_rng r = {tu_seed()};
+  tu_fill_normal(&r, x, 600000, 1.0f);
+  for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+    uint8_t a[32], b[32];
+    distro__sy_hash(x, sizes[k], a);
+    tree_ref(x, sizes[k], b);
+    cr_assert_eq(memcmp(a, b, 32), 0, "%lld floats", (long long)sizes[k]);
+    x[sizes[k] - 1] += 1.0f; /* one value changed: another digest */
+    distro__sy_hash(x, sizes[k], b);
+    cr_assert_neq(memcmp(a, b, 32), 0, "%lld floats: a change went unnoticed", (long long)sizes[k]);
+  }
+  free(x);
 }
 
 static distro_status build(int nt, const int64_t *numel, int P, distro_fragmenting fr, int64_t max_block, int block) {

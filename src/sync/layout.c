@@ -109,4 +109,44 @@ void distro__sy_scatter(const distro__sy_layout *L, int p, const float *src, flo
            sizeof(float) * (size_t)f->pieces[q].count);
 }
 
-void distro__sy_hash(const float *x, int64_t n, uint8_t out[32]) { distro__sha256(x, sizeof(float) * (size_t)n, out); }
+/* A tree of SHA-256 so that large fragments hash on every core: leaves of
+ * 1 MiB, SHA-256(0x00 | leaf), and the root SHA-256(0x01 | u64 bytes |
+ * leaf digests). The same bits whatever the thread count. */
+#define LEAF ((size_t)1 << 20)
+
+void distro__sy_hash(const float *x, int64_t n, uint8_t out[32]) {
+  const size_t bytes = sizeof(float) * (size_t)n, leaves = (bytes + LEAF - 1) / LEAF;
+  const uint8_t *b = (const uint8_t *)x;
+  uint8_t *dig = malloc(32 * (leaves ? leaves : 1));
+  distro__sha256_ctx root;
+  distro__sha256_init(&root);
+  const uint8_t one = 1, zero = 0;
+  uint8_t len[8];
+  distro__put_u64(len, bytes);
+  distro__sha256_update(&root, &one, 1);
+  distro__sha256_update(&root, len, 8);
+  if (!dig) { /* no memory for the leaf list: the same tree, one leaf at a time */
+    for (size_t i = 0; i < leaves; i++) {
+      distro__sha256_ctx c;
+      uint8_t d[32];
+      distro__sha256_init(&c);
+      distro__sha256_update(&c, &zero, 1);
+      distro__sha256_update(&c, b + i * LEAF, i + 1 < leaves ? LEAF : bytes - i * LEAF);
+      distro__sha256_final(&c, d);
+      distro__sha256_update(&root, d, 32);
+    }
+    distro__sha256_final(&root, out);
+    return;
+  }
+#pragma omp parallel for schedule(static) if (leaves > 1)
+  for (int64_t i = 0; i < (int64_t)leaves; i++) {
+    distro__sha256_ctx c;
+    distro__sha256_init(&c);
+    distro__sha256_update(&c, &zero, 1);
+    distro__sha256_update(&c, b + (size_t)i * LEAF, (size_t)i + 1 < leaves ? LEAF : bytes - (size_t)i * LEAF);
+    distro__sha256_final(&c, dig + 32 * (size_t)i);
+  }
+  distro__sha256_update(&root, dig, 32 * leaves);
+  distro__sha256_final(&root, out);
+  free(dig);
+}

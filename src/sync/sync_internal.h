@@ -202,7 +202,8 @@ void distro__sy_layout_destroy(distro__sy_layout *L);
  * into dst (numel[p] floats), and back. */
 void distro__sy_gather(const distro__sy_layout *L, int p, float *const *params, float *dst);
 void distro__sy_scatter(const distro__sy_layout *L, int p, const float *src, float *const *params);
-/* SHA-256 of n floats as stored (little-endian binary32). */
+/* Digest of n floats as stored (little-endian binary32): a SHA-256 tree
+ * with 1 MiB leaves, hashed on all cores (layout.c). */
 void distro__sy_hash(const float *x, int64_t n, uint8_t out[32]);
 
 /* ------------------------------------------------------------- merge */
