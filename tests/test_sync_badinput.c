@@ -202,6 +202,20 @@ Test(sync_badinput, every_bad_message_rejected_job_keeps_merging) {
   m.b = v[0] + 50;
   send_raw(&m, rep);
   nbad += expect("future version", DISTRO_SYNC_E_MALFORMED);
+  /* Unknown flag bits: a HEARTBEAT from learner 5, a HELLO. */
+  m = (distro__sy_msg){0};
+  m.type = DISTRO__SY_HEARTBEAT;
+  m.learner = 5;
+  m.fragment = DISTRO__SY_NONE;
+  m.b = 1u | 4u;
+  send_raw(&m, NULL);
+  nbad += expect("heartbeat flag bits", DISTRO_SYNC_E_MALFORMED);
+  m.type = DISTRO__SY_HELLO;
+  m.a = L->signature;
+  m.b = 2;
+  m.payload_bytes = (uint32_t)hn;
+  send_raw(&m, hello);
+  nbad += expect("hello flag bits", DISTRO_SYNC_E_MALFORMED);
 
   /* The healthy job kept merging and nothing from learner 5 or 7 was applied. */
   const int target = sh_merges(&h) + 4;
