@@ -288,3 +288,63 @@ Test(comm_local, run_local_carries_rank_message) {
   const char *m = distro_last_error();
   cr_assert(strstr(m, "rank 1") && strstr(m, "distro_comm_barrier"), "message: %s", m);
 }
+
+/* ---- collective timeout -------------------------------------------------- */
+
+#include <time.h>
+
+typedef struct {
+  int stopped;               /* this rank stops before the collective */
+  distro_status st[MAX_WORLD], later[MAX_WORLD], set[MAX_WORLD];
+  char msg[MAX_WORLD][256];
+  int op;                    /* 0 barrier, 1 allgather, 2 allreduce */
+} timeout_ctx;
+
+static distro_status timeout_rank(distro_comm *c, int rank, void *arg) {
+  timeout_ctx *x = arg;
+  float buf[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  unsigned char g[8 * MAX_WORLD];
+  x->set[rank] = distro_comm_set_timeout(c, 0.3);
+  /* One round that completes: the timeout changes nothing while everyone comes. */
+  if (distro_comm_allreduce_sum(c, buf, 8) != DISTRO_OK) return DISTRO_ERR_COMM;
+  if (rank == x->stopped) {
+    struct timespec ts = {1, 0}; /* a stopped peer: it comes back after the others gave up */
+    nanosleep(&ts, NULL);
+  }
+  x->st[rank] = x->op == 0   ? distro_comm_barrier(c)
+                : x->op == 1 ? distro_comm_allgather(c, buf, 8, g)
+                             : distro_comm_allreduce_sum(c, buf, 8);
+  snprintf(x->msg[rank], sizeof x->msg[rank], "%s", distro_last_error());
+  x->later[rank] = distro_comm_barrier(c); /* the group is aborted: fails at once */
+  return DISTRO_OK;
+}
+
+Test(comm_local, timeout_on_a_stopped_rank_fails_every_rank_with_timeout, .timeout = 60) {
+  for (int op = 0; op < 3; op++) {
+    timeout_ctx x;
+    memset(&x, 0, sizeof x);
+    x.stopped = 2;
+    x.op = op;
+    cr_assert_eq(distro_comm_run_local(4, timeout_rank, &x), DISTRO_OK);
+    for (int r = 0; r < 4; r++) {
+      cr_assert_eq(x.set[r], DISTRO_OK);
+      cr_assert_eq(x.st[r], DISTRO_ERR_TIMEOUT, "op %d rank %d: %s (%s)", op, r, distro_status_string(x.st[r]),
+                   x.msg[r]);
+      cr_assert(strstr(x.msg[r], "rank 2 did not arrive"), "op %d rank %d: %s", op, r, x.msg[r]);
+      cr_assert_eq(x.later[r], DISTRO_ERR_TIMEOUT, "op %d rank %d: a broken group must stay broken", op, r);
+    }
+  }
+}
+
+Test(comm_local, set_timeout_arguments) {
+  distro_comm *comms[2];
+  cr_assert_eq(distro_comm_local_group(2, comms), DISTRO_OK);
+  cr_assert_eq(distro_comm_set_timeout(NULL, 1), DISTRO_ERR_INVALID);
+  cr_assert_eq(distro_comm_set_timeout(comms[0], -1), DISTRO_ERR_INVALID);
+  cr_assert_eq(distro_comm_set_timeout(comms[0], NAN), DISTRO_ERR_INVALID);
+  cr_assert_eq(distro_comm_set_timeout(comms[0], INFINITY), DISTRO_ERR_INVALID);
+  cr_assert_eq(distro_comm_set_timeout(comms[0], 0), DISTRO_OK);
+  cr_assert_eq(distro_comm_set_timeout(comms[0], 2.5), DISTRO_OK);
+  distro_comm_free(comms[0]);
+  distro_comm_free(comms[1]);
+}

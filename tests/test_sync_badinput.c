@@ -85,17 +85,23 @@ Test(sync_badinput, every_bad_message_rejected_job_keeps_merging) {
   hdr[0] ^= 0xff;
   zmq_send(raw, hdr, sizeof hdr, 0);
   nbad += expect("bad magic", DISTRO_SYNC_E_MALFORMED);
-  /* 4. corrupt CRC (a flipped payload byte). */
+  /* 4. corrupt CRC (a flipped payload byte of a type that has a payload). */
   uint8_t pl[16] = {1, 2, 3};
+  m.type = DISTRO__SY_HELLO;
   m.payload_bytes = 16;
   distro__sy_encode(&m, pl, hdr);
   pl[5] ^= 4;
   zmq_send(raw, hdr, sizeof hdr, ZMQ_SNDMORE), zmq_send(raw, pl, 16, 0);
   nbad += expect("crc", DISTRO_SYNC_E_CRC);
-  /* 5. protocol version 2 with a valid CRC. */
+  /* 4b. a payload on a type that has none: refused before its CRC is read. */
+  m.type = DISTRO__SY_HEARTBEAT;
+  distro__sy_encode(&m, pl, hdr);
+  zmq_send(raw, hdr, sizeof hdr, ZMQ_SNDMORE), zmq_send(raw, pl, 16, 0);
+  nbad += expect("heartbeat payload", DISTRO_SYNC_E_MALFORMED);
+  /* 5. another protocol version with a valid CRC. */
   m.payload_bytes = 0;
   distro__sy_encode(&m, NULL, hdr);
-  hdr[4] = 2;
+  hdr[4] = DISTRO__SY_PROTOCOL + 1;
   distro__put_u32(hdr + 68, distro__crc32c(hdr, 68));
   zmq_send(raw, hdr, sizeof hdr, 0);
   nbad += expect("protocol version", DISTRO_SYNC_E_PROTOCOL);
@@ -196,6 +202,20 @@ Test(sync_badinput, every_bad_message_rejected_job_keeps_merging) {
   m.b = v[0] + 50;
   send_raw(&m, rep);
   nbad += expect("future version", DISTRO_SYNC_E_MALFORMED);
+  /* Unknown flag bits: a HEARTBEAT from learner 5, a HELLO. */
+  m = (distro__sy_msg){0};
+  m.type = DISTRO__SY_HEARTBEAT;
+  m.learner = 5;
+  m.fragment = DISTRO__SY_NONE;
+  m.b = 1u | 4u;
+  send_raw(&m, NULL);
+  nbad += expect("heartbeat flag bits", DISTRO_SYNC_E_MALFORMED);
+  m.type = DISTRO__SY_HELLO;
+  m.a = L->signature;
+  m.b = 2;
+  m.payload_bytes = (uint32_t)hn;
+  send_raw(&m, hello);
+  nbad += expect("hello flag bits", DISTRO_SYNC_E_MALFORMED);
 
   /* The healthy job kept merging and nothing from learner 5 or 7 was applied. */
   const int target = sh_merges(&h) + 4;

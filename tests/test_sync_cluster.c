@@ -21,96 +21,12 @@
 #include "sync/syncer_internal.h"
 #include "sync_harness.h"
 
-#define MAXREC 2048
-typedef struct proc {
-  pid_t pid;
-  FILE *out;
-  pthread_t th;
-  pthread_mutex_t mu;
-  int nrec;
-  double t[MAXREC];
-  long step[MAXREC];
-  int joined_source, done;
-  long rejoins;
-  char versions[256];
-  float *params;
-  int nparams;
-} proc;
+#include "sync_proc.h"
 
-static void *reader(void *arg) {
-  proc *p = arg;
-  char *line = NULL;
-  size_t cap = 0;
-  while (getline(&line, &cap, p->out) > 0) {
-    pthread_mutex_lock(&p->mu);
-    long s, e, r, a;
-    double g;
-    if (sscanf(line, "step %ld goodput %lf errors %ld rejoins %ld applies %ld", &s, &g, &e, &r, &a) == 5) {
-      if (p->nrec < MAXREC) p->t[p->nrec] = sh_now(), p->step[p->nrec++] = s;
-      p->rejoins = r;
-    } else if (strncmp(line, "joined source=", 14) == 0) {
-      sscanf(line, "joined source=%d versions=%255s", &p->joined_source, p->versions);
-    } else if (strncmp(line, "params", 6) == 0) {
-      p->params = malloc(sizeof(float) * 256);
-      char *q = line + 6;
-      for (p->nparams = 0; p->nparams < 256; p->nparams++) {
-        char *end;
-        const double v = strtod(q, &end);
-        if (end == q) break;
-        p->params[p->nparams] = (float)v;
-        q = end;
-      }
-    } else if (strncmp(line, "done", 4) == 0) {
-      p->done = 1;
-    }
-    pthread_mutex_unlock(&p->mu);
-  }
-  free(line);
-  return NULL;
-}
-
-static void spawn(proc *p, const char *ep, int id, int steps, int step_ms, double offset) {
-  memset(p, 0, sizeof *p);
-  pthread_mutex_init(&p->mu, NULL);
-  int fd[2];
-  cr_assert_eq(pipe(fd), 0);
-  char a_id[16], a_steps[16], a_ms[16], a_off[32];
-  snprintf(a_id, sizeof a_id, "%d", id);
-  snprintf(a_steps, sizeof a_steps, "%d", steps);
-  snprintf(a_ms, sizeof a_ms, "%d", step_ms);
-  snprintf(a_off, sizeof a_off, "%g", offset);
-  p->pid = fork();
-  cr_assert_geq(p->pid, 0);
-  if (p->pid == 0) {
-    dup2(fd[1], 1);
-    close(fd[0]);
-    close(fd[1]);
-    execl(SYNC_LEARNER_BIN, SYNC_LEARNER_BIN, ep, a_id, a_steps, a_ms, a_off, (char *)NULL);
-    _exit(127);
-  }
-  close(fd[1]);
-  p->out = fdopen(fd[0], "r");
-  pthread_create(&p->th, NULL, reader, p);
-}
-
-static void reap(proc *p) {
-  waitpid(p->pid, NULL, 0);
-  pthread_join(p->th, NULL);
-  fclose(p->out);
-}
-
-/* Steps per second of a learner within [t0, t1] (from its progress lines). */
-static double rate(proc *p, double t0, double t1) {
-  pthread_mutex_lock(&p->mu);
-  int a = -1, b = -1;
-  for (int k = 0; k < p->nrec; k++) {
-    if (p->t[k] >= t0 && a < 0) a = k;
-    if (p->t[k] <= t1) b = k;
-  }
-  const double r = a >= 0 && b > a ? (double)(p->step[b] - p->step[a]) / (p->t[b] - p->t[a]) : 0;
-  pthread_mutex_unlock(&p->mu);
-  return r;
-}
+typedef sp_proc proc;
+#define spawn(p, ep, id, steps, ms, off) sp_spawn_learner(p, ep, id, steps, ms, off, NULL, 0)
+#define reap sp_reap
+#define rate sp_rate
 
 static void base_options(distro_syncer_options *o, const char *ep) {
   *o = distro_syncer_options_default();
@@ -235,39 +151,13 @@ Test(sync_cluster, syncer_restart_resumes_from_checkpoint_no_version_goes_back) 
 /* The same with the distro-syncer process SIGKILLed (no shutdown at all)
  * and started again on its checkpoint: versions read from its merge log. */
 static pid_t spawn_syncer(const char *ep, const char *ck, const char *log) {
-  const pid_t pid = fork();
-  cr_assert_geq(pid, 0);
-  if (pid == 0) {
-    FILE *f = freopen(log, "w", stdout);
-    if (!f) _exit(126);
-    execl(SYNC_SYNCER_BIN, SYNC_SYNCER_BIN, "--endpoint", ep, "--fragments", "4", "--interval", "0.04", "--timeout",
-          "0.8", "--heartbeat", "0.1", "--checkpoint", ck, "--checkpoint-every", "7", (char *)NULL);
-    _exit(127);
-  }
-  return pid;
+  const char *args[] = {"--endpoint", ep, "--fragments", "4", "--interval", "0.04", "--timeout", "0.8", "--heartbeat",
+                        "0.1", "--checkpoint", ck, "--checkpoint-every", "7", NULL};
+  return sp_spawn_syncer(log, args);
 }
 
-/* Highest merged version per fragment in a syncer log, and the epoch line. */
 static int read_syncer_log(const char *log, uint64_t v[4], unsigned long long *epoch) {
-  FILE *f = fopen(log, "r");
-  cr_assert(f, "no syncer log %s", log);
-  char line[1024];
-  int merges = 0;
-  for (int p = 0; p < 4; p++) v[p] = 0;
-  *epoch = 0;
-  while (fgets(line, sizeof line, f)) {
-    const char *m = strstr(line, "merge frag=");
-    const char *e = strstr(line, "syncer epoch ");
-    int frag;
-    unsigned long long ver;
-    if (m && sscanf(m, "merge frag=%d version=%llu", &frag, &ver) == 2 && frag >= 0 && frag < 4) {
-      if (ver > v[frag]) v[frag] = ver;
-      merges++;
-    }
-    if (e) sscanf(e, "syncer epoch %llu", epoch);
-  }
-  fclose(f);
-  return merges;
+  return sp_read_syncer_log(log, v, 4, epoch);
 }
 
 Test(sync_cluster, syncer_process_sigkill_restart_from_checkpoint) {

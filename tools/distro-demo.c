@@ -331,7 +331,15 @@ static int local_run(void) {
   return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc > 1) {
+    const int help = strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0;
+    fprintf(help ? stdout : stderr,
+            "usage: distro-demo          bytes per step for GPT-2 124M and Llama 1.2B, then a short\n"
+            "                            in-process 4-rank run comparing DeMo, DisTrO-AdamW and AdamW\n"
+            "       distro-demo --help   this text\n");
+    return help ? 0 : 2;
+  }
   printf("distro %s demo\n\n", distro_version_string());
   printf("== Bytes per rank per step ==\n");
   printf("this library = distro_payload_bytes (chunk 64, headers included). The default wire v2\n");

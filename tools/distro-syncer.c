@@ -1,10 +1,11 @@
 /* distro-syncer: the Decoupled DiLoCo syncer service (docs/protocol.md).
  *
- *   distro-syncer --endpoint tcp://0.0.0.0:5555 [--fragments P] [--quorum K]
- *                 [--codec int4] [--merge radial-tokens] [--H 24] [--overlap 2]
- *                 [--checkpoint FILE --checkpoint-every N] [--curve-keypair F
- *                 [--curve-allowed F]] [--timeout S] [--heartbeat S] ...
- *   distro-syncer --keygen PATH      writes PATH (keypair) and PATH.pub
+ *   distro-syncer --endpoint tcp://0.0.0.0:5555 --curve-keypair F [--curve-allowed F]
+ *                 [--fragments P] [--quorum K] [--codec int4] [--merge radial-tokens]
+ *                 [--H 24] [--overlap 2] [--checkpoint FILE --checkpoint-every N]
+ *                 [--timeout S] [--heartbeat S] [--round-timeout S] ...
+ *   distro-syncer --keygen PATH      writes PATH (keypair, 0600) and PATH.pub
+ *   distro-syncer --help
  *
  * Prints one line per event to stdout (merge timeline, joins, deaths,
  * rejected messages) and stops on SIGINT/SIGTERM, writing a final checkpoint. */
@@ -50,14 +51,22 @@ static int parse_merge(const char *s, distro_merge *m) {
   return 0;
 }
 
-static void usage(void) {
-  fprintf(stderr,
-          "usage: distro-syncer --endpoint EP [--fragments P] [--quorum K] [--gamma G] [--H H] [--overlap TAU]\n"
-          "       [--interval S] [--staleness S] [--codec f32|bf16|int8|int4|fp4] [--block B]\n"
-          "       [--merge mean|tokens|radial|radial-tokens] [--outer-lr LR] [--outer-momentum MU] [--no-nesterov]\n"
-          "       [--heartbeat S] [--timeout S] [--checkpoint FILE] [--checkpoint-every N] [--no-resume]\n"
-          "       [--curve-keypair FILE] [--curve-allowed FILE] [--endpoint-file FILE]\n"
-          "       distro-syncer --keygen PATH\n");
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: distro-syncer --endpoint EP [options]     the Decoupled DiLoCo syncer (docs/protocol.md)\n"
+          "       distro-syncer --keygen PATH               write a CURVE keypair: PATH (0600) and PATH.pub\n"
+          "       distro-syncer --help\n"
+          "job:      [--fragments P] [--quorum K] [--gamma G] [--H H] [--overlap TAU] [--interval S]\n"
+          "          [--staleness S] [--codec f32|bf16|int8|int4|fp4] [--block B]\n"
+          "          [--merge mean|tokens|radial|radial-tokens] [--outer-lr LR] [--outer-momentum MU]\n"
+          "          [--no-nesterov]\n"
+          "liveness: [--heartbeat S] [--timeout S] [--round-timeout S (0: max(2 timeout, 3 median steps))]\n"
+          "state:    [--checkpoint FILE] [--checkpoint-every N] [--no-resume]\n"
+          "security: [--curve-keypair FILE] [--curve-allowed FILE] [--insecure]\n"
+          "          [--model-signature HEX] [--max-params N (default 67108864)]\n"
+          "          Without --curve-keypair only a loopback, ipc or inproc endpoint is served, unless\n"
+          "          --insecure: anyone who reaches the port could join, download the model and report.\n"
+          "other:    [--endpoint-file FILE]\n");
 }
 
 int main(int argc, char **argv) {
@@ -67,7 +76,10 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
-    if (ARG("--keygen")) {
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage(stdout);
+      return 0;
+    } else if (ARG("--keygen")) {
       if (distro_sync_keygen(v) != DISTRO_OK) {
         fprintf(stderr, "distro-syncer: %s\n", distro_last_error());
         return 1;
@@ -92,14 +104,25 @@ int main(int argc, char **argv) {
     else if (ARG("--curve-keypair")) o.curve_keypair = v;
     else if (ARG("--curve-allowed")) o.curve_allowed = v;
     else if (ARG("--endpoint-file")) endpoint_file = v;
-    else if (ARG("--codec")) {
-      if (!parse_codec(v, &o.codec)) return usage(), 2;
+    else if (ARG("--round-timeout")) o.round_timeout_s = atof(v);
+    else if (ARG("--max-params")) o.max_params = strtoll(v, NULL, 10);
+    else if (ARG("--model-signature")) {
+      char *end;
+      o.signature = strtoull(v, &end, 16);
+      if (!*v || *end || !o.signature) {
+        fprintf(stderr, "distro-syncer: --model-signature wants the learners' hex signature (see their log)\n");
+        return 2;
+      }
+    } else if (ARG("--codec")) {
+      if (!parse_codec(v, &o.codec)) return usage(stderr), 2;
     } else if (ARG("--merge")) {
-      if (!parse_merge(v, &o.merge)) return usage(), 2;
+      if (!parse_merge(v, &o.merge)) return usage(stderr), 2;
     } else if (strcmp(a, "--no-nesterov") == 0) o.nesterov = 0;
     else if (strcmp(a, "--no-resume") == 0) o.resume = 0;
+    else if (strcmp(a, "--insecure") == 0) o.insecure = 1;
     else {
-      usage();
+      fprintf(stderr, "distro-syncer: unknown or incomplete argument '%s'\n", a);
+      usage(stderr);
       return 2;
     }
 #undef ARG
@@ -122,6 +145,8 @@ int main(int argc, char **argv) {
       fclose(f);
     }
   }
+  if (o.insecure && !o.curve_keypair)
+    fprintf(stderr, "distro-syncer: warning: --insecure: the endpoint is open to anyone who reaches it\n");
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -133,9 +158,10 @@ int main(int argc, char **argv) {
   distro_syncer_get_stats(g_syncer, &s);
   if (o.checkpoint && s.initialized && distro_syncer_checkpoint(g_syncer) != DISTRO_OK)
     fprintf(stderr, "distro-syncer: final checkpoint: %s\n", distro_last_error());
-  printf("[syncer] stopped: merges %llu, reports %llu, rejected %llu, merge time mean %.5f s max %.5f s\n",
+  printf("[syncer] stopped: merges %llu, reports %llu, rejected %llu, rounds abandoned %llu, merge time mean %.5f s "
+         "max %.5f s\n",
          (unsigned long long)s.merges, (unsigned long long)s.reports, (unsigned long long)s.rejected,
-         s.merge_s_mean, s.merge_s_max);
+         (unsigned long long)s.abandoned, s.merge_s_mean, s.merge_s_max);
   distro_syncer_free(g_syncer);
   return st == DISTRO_OK ? 0 : 1;
 }

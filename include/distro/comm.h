@@ -35,6 +35,25 @@ DISTRO_API distro_status distro_comm_allgather(distro_comm *c, const void *send,
 DISTRO_API distro_status distro_comm_allreduce_sum(distro_comm *c, float *buf, size_t count);
 DISTRO_API distro_status distro_comm_barrier(distro_comm *c);
 
+/* Optional collective timeout (seconds, > 0; 0 restores the default of
+ * waiting as long as it takes). A collective that has not completed within
+ * it on this rank returns DISTRO_ERR_TIMEOUT instead of hanging on a peer
+ * that stopped, and the communicator is then broken: every later
+ * collective on it fails at once with DISTRO_ERR_TIMEOUT. The job is meant
+ * to be aborted then (a rank cannot tell which peers completed the call).
+ * Set the same value on every rank. Limits:
+ *  - in-process ranks: the timeout covers the wait for the other ranks to
+ *    arrive; a timeout there aborts the whole group, so the late rank fails
+ *    too when it arrives. Once all ranks have arrived the call completes.
+ *  - MPI: the collective runs as a non-blocking MPI call polled until the
+ *    deadline (a little CPU while waiting, copies through private buffers).
+ *    MPI cannot cancel a collective: it stays pending, owns private copies
+ *    of the buffers (leaked on purpose, so MPI never touches the caller's
+ *    memory afterwards), and MPI_Finalize may then hang; call MPI_Abort.
+ *  - NCCL: not supported (DISTRO_ERR_UNSUPPORTED).
+ * Not thread-safe with a collective running on the same comm. */
+DISTRO_API distro_status distro_comm_set_timeout(distro_comm *c, double seconds);
+
 #ifdef __cplusplus
 }
 #endif

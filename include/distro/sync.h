@@ -12,8 +12,15 @@
  *
  * Learners that die are dropped from the quorum's denominator after a
  * timeout; a new or restarted learner joins by pulling a consistent copy of
- * the global fragments from a healthy peer. The syncer checkpoints
- * atomically and resumes without any fragment version going backwards.
+ * the global fragments from a healthy peer, checked against the syncer's
+ * SHA-256 digests. Every round closes within a bound (merged if its quorum
+ * came, abandoned otherwise) and a job without merges is reported. The
+ * syncer checkpoints atomically and resumes without any fragment version
+ * going backwards.
+ *
+ * Security (docs/protocol.md, "Threat model"): without CURVE keys anyone
+ * who reaches an endpoint can act as a learner, so an endpoint reachable
+ * from other machines needs CURVE keys or an explicit `insecure`.
  *
  * Built only when libzmq is found (DISTRO_WITH_SYNC is then defined). */
 #ifndef DISTRO_SYNC_H
@@ -35,11 +42,11 @@ typedef enum {
   DISTRO_SYNC_E_MALFORMED = 1, /* wrong frame count, size, magic, type or field */
   DISTRO_SYNC_E_CRC = 2,       /* CRC32C of header and payload does not match */
   DISTRO_SYNC_E_PROTOCOL = 3,  /* protocol version not spoken */
-  DISTRO_SYNC_E_UNKNOWN = 4,   /* learner not joined, timed out, or id owned by another connection */
+  DISTRO_SYNC_E_UNKNOWN = 4,   /* learner not joined, timed out, or id owned by another connection or key */
   DISTRO_SYNC_E_SIGNATURE = 5, /* model signature or tensor layout differs */
   DISTRO_SYNC_E_STALE = 6,     /* report based on a version more than max_staleness behind */
   DISTRO_SYNC_E_PAYLOAD = 7,   /* encoded values invalid or non-finite */
-  DISTRO_SYNC_E_NOT_READY = 8, /* the syncer has no global copy yet (another learner seeds it) */
+  DISTRO_SYNC_E_NOT_READY = 8, /* no global copy yet (another learner seeds it), or busy (rate limit): retry */
   DISTRO_SYNC_E_ROUND = 9      /* report for a fragment or round that is not open */
 } distro_sync_error;
 
@@ -53,11 +60,14 @@ typedef void (*distro_sync_log_fn)(void *ctx, const char *line);
 
 /* ---------------------------------------------------------------- syncer */
 
-#define DISTRO_SYNCER_OPTIONS_VERSION 1
+/* Version 2 added the fields after log_ctx; version 1 structs are accepted
+ * (those fields then take their defaults). */
+#define DISTRO_SYNCER_OPTIONS_VERSION 2
 
 typedef struct distro_syncer_options {
   int version;              /* DISTRO_SYNCER_OPTIONS_VERSION */
-  const char *endpoint;     /* ZeroMQ bind address ("tcp://127.0.0.1:*" picks a port; ipc://...) */
+  const char *endpoint;     /* ZeroMQ bind address ("tcp://127.0.0.1:*" picks a port; ipc://...). Without
+                               CURVE only a loopback, ipc or inproc address is served (unless insecure) */
   int fragments;            /* P (1) */
   distro_fragmenting fragmenting; /* BALANCED */
   int64_t max_block;        /* as in distro_diloco_options (0: auto) */
@@ -80,11 +90,18 @@ typedef struct distro_syncer_options {
   const char *checkpoint;   /* file written atomically every checkpoint_every merges (NULL: none) */
   int checkpoint_every;     /* N >= 1 (10) */
   int resume;               /* 1: load `checkpoint` at create when it exists (1) */
-  const char *curve_keypair; /* the syncer's key file (distro_sync_keygen); NULL: no CURVE */
+  const char *curve_keypair; /* the syncer's key file (distro_sync_keygen, mode 0600); NULL: no CURVE */
   const char *curve_allowed; /* file of allowed learner public keys, one Z85 key per line; NULL:
-                                any learner that knows the syncer's public key */
+                                any learner that knows the syncer's public key. Needs curve_keypair */
   distro_sync_log_fn log;   /* NULL: silent */
   void *log_ctx;
+  /* Version 2. */
+  int insecure;             /* 1: serve an endpoint reachable from other machines without CURVE (0) */
+  uint64_t signature;       /* != 0: the only model signature accepted (distro_learner_signature); 0: the
+                               first learner that seeds fixes the layout (0) */
+  int64_t max_params;       /* largest model accepted (parameters); bounds every message's size (0: 2^26) */
+  double round_timeout_s;   /* > 0: a round closes at most this long after it opened; 0: auto,
+                               max(2 timeout_s, 3 median step times) (0) */
 } distro_syncer_options;
 
 DISTRO_API distro_syncer_options distro_syncer_options_default(void);
@@ -113,6 +130,8 @@ typedef void (*distro_sync_merge_fn)(void *ctx, const distro_sync_merge_info *in
 
 typedef struct distro_syncer_stats {
   uint64_t merges;
+  uint64_t abandoned;       /* rounds closed at their deadline without a quorum (reports carried over) */
+  double no_merge_s;        /* seconds without a merge while learners are live (0 when idle) */
   uint64_t rejected;        /* messages answered with an ERROR */
   uint64_t reports;         /* reports accepted */
   int live;                 /* learners alive now */
@@ -124,7 +143,10 @@ typedef struct distro_syncer_stats {
   double merge_s_max, merge_s_mean;
 } distro_syncer_stats;
 
-/* Binds the endpoint and, with resume, loads the checkpoint. */
+/* Checks the options (endpoint syntax and security, key files, that the
+ * checkpoint's directory exists and is writable), binds the endpoint and,
+ * with resume, loads the checkpoint. Without CURVE on a loopback endpoint
+ * it logs a warning: any local process can join. */
 DISTRO_API distro_status distro_syncer_create(const distro_syncer_options *o, distro_syncer **out);
 /* Optional; call before distro_syncer_run. */
 DISTRO_API distro_status distro_syncer_set_merge_callback(distro_syncer *s, distro_sync_merge_fn fn, void *ctx);
@@ -144,14 +166,16 @@ DISTRO_API distro_status distro_syncer_get_global(distro_syncer *s, float *out, 
 DISTRO_API distro_status distro_syncer_checkpoint(distro_syncer *s);
 DISTRO_API void distro_syncer_free(distro_syncer *s); /* accepts NULL */
 
-/* Writes a CURVE keypair: `path` (public and secret key, mode 0600) and
- * `path`.pub (public key only). */
+/* Writes a CURVE keypair: `path` (public and secret key, mode 0600, also
+ * when the file existed) and `path`.pub (public key only). Refuses a path
+ * that exists as anything but a regular file. */
 DISTRO_API distro_status distro_sync_keygen(const char *path);
 
 /* --------------------------------------------------------------- learner */
 
-/* Version 2 added `comm`; version 1 structs (without it) are accepted. */
-#define DISTRO_LEARNER_OPTIONS_VERSION 2
+/* Version 2 added `comm`, version 3 `insecure` and `curve_allowed`; older
+ * structs are accepted. */
+#define DISTRO_LEARNER_OPTIONS_VERSION 3
 
 typedef struct distro_learner_options {
   int version;                 /* DISTRO_LEARNER_OPTIONS_VERSION */
@@ -159,7 +183,8 @@ typedef struct distro_learner_options {
   int learner_id;              /* >= 0, unique in the job */
   const char *serve_endpoint;  /* where peers pull this learner's state ("tcp://127.0.0.1:*") */
   const char *curve_server_key; /* the syncer's public key file (NULL: no CURVE) */
-  const char *curve_keypair;   /* this learner's key file (needed with curve_server_key) */
+  const char *curve_keypair;   /* this learner's key file, mode 0600 (needed with curve_server_key); its
+                                  serve endpoint uses the same keypair */
   double heartbeat_s;          /* 0.2 */
   double timeout_s;            /* syncer silent this long: say hello again (2.0) */
   double join_timeout_s;       /* distro_learner_start gives up after this (30) */
@@ -178,6 +203,10 @@ typedef struct distro_learner_options {
    * passed to distro_learner_step are summed over the ranks. The comm must
    * be used by the calling thread only (as for distro_optim). */
   distro_comm *comm;
+  /* Version 3. */
+  int insecure;                /* 1: allow endpoints reachable from other machines without CURVE (0) */
+  const char *curve_allowed;   /* file of the public keys allowed to pull this learner's state (the
+                                  syncer's allowed-keys file); NULL: any client that knows its key */
 } distro_learner_options;
 
 DISTRO_API distro_learner_options distro_learner_options_default(void);
@@ -205,14 +234,23 @@ typedef struct distro_learner_stats {
    * overwritten; pending: not resolved yet (reported and not merged, or not
    * reported): what a crash now would lose. */
   double useful_s, wasted_s, pending_s;
+  double no_merge_s;        /* seconds since a merged fragment last arrived (since the join before the first);
+                               past a bound the learner logs "no merge for N s" */
+  uint64_t forged;          /* peer states refused at the join (digest mismatch or non-finite values) */
 } distro_learner_stats;
 
+/* Checks the options, among them the endpoints' syntax (DISTRO_ERR_INVALID
+ * names the problem). */
 DISTRO_API distro_status distro_learner_create(const distro_learner_options *o, distro_learner **out);
 /* Before start: register each parameter tensor (the caller's buffer, numel
  * floats). Flags: DISTRO_DILOCO_PLAIN_MERGE. Every learner registers the
- * same list in the same order (checked through the model signature). */
+ * same list in the same order (checked through the model signature). A job
+ * holds at most 2^29 parameters in 65536 tensors. */
 DISTRO_API distro_status distro_learner_add_tensor(distro_learner *l, const char *name, float *param, int64_t numel,
                                                    unsigned flags);
+/* The model signature of the tensors registered so far (FNV-1a of names,
+ * sizes and flags; 0 with none): what distro_syncer_options.signature pins. */
+DISTRO_API uint64_t distro_learner_signature(const distro_learner *l);
 /* Starts the background thread and joins: the first learner of a fresh
  * syncer seeds it with its parameters; every other learner overwrites its
  * parameters with a consistent copy of the global fragments pulled from a

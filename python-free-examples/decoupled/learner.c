@@ -5,6 +5,7 @@
  * times and a final validation loss of its parameters.
  *
  *   learner --syncer EP --learner-id N --seconds S --step-ms MS
+ *           [--curve-server-key F --curve-keypair F [--curve-allowed F]] [--insecure]
  *   learner --baseline --learners M --steps T   (data-parallel SGD, M x batch) */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -80,13 +81,24 @@ static void log_line(void *ctx, const char *line) {
   fprintf(stderr, "%s\n", line);
 }
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: decoupled_learner --syncer EP --learner-id N [--seconds S] [--step-ms MS] [--lr LR]\n"
+             "                         [--curve-server-key F --curve-keypair F [--curve-allowed F]] [--insecure]\n"
+             "       decoupled_learner --baseline [--learners M] [--steps T]\n");
+}
+
 int main(int argc, char **argv) {
-  const char *ep = NULL;
-  int id = 0, baseline = 0, learners = 4, steps = 1000;
+  const char *ep = NULL, *server_key = NULL, *keypair = NULL, *allowed = NULL;
+  int id = 0, baseline = 0, learners = 4, steps = 1000, insecure = 0;
   double seconds = 8, step_ms = 10, lr = 0.01;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+    if (!strcmp(a, "--help")) return usage(stdout), 0;
     if (!strcmp(a, "--syncer")) ep = v, i++;
+    else if (!strcmp(a, "--curve-server-key")) server_key = v, i++;
+    else if (!strcmp(a, "--curve-keypair")) keypair = v, i++;
+    else if (!strcmp(a, "--curve-allowed")) allowed = v, i++;
+    else if (!strcmp(a, "--insecure")) insecure = 1;
     else if (!strcmp(a, "--learner-id")) id = atoi(v), i++;
     else if (!strcmp(a, "--seconds")) seconds = atof(v), i++;
     else if (!strcmp(a, "--step-ms")) step_ms = atof(v), i++;
@@ -94,6 +106,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--learners")) learners = atoi(v), i++;
     else if (!strcmp(a, "--steps")) steps = atoi(v), i++;
     else if (!strcmp(a, "--baseline")) baseline = 1;
+    else return usage(stderr), 2;
   }
   uint64_t ws = 7;
   for (int j = 0; j < D; j++) wstar[j] = (float)(normal(&ws) / sqrt((double)D) * 2.0);
@@ -110,6 +123,10 @@ int main(int argc, char **argv) {
   o.heartbeat_s = 0.1;
   o.timeout_s = 1.0;
   o.log = log_line;
+  o.curve_server_key = server_key;
+  o.curve_keypair = keypair;
+  o.curve_allowed = allowed;
+  o.insecure = insecure;
   distro_learner *l = NULL;
   if (!ep || distro_learner_create(&o, &l) != DISTRO_OK || distro_learner_add_tensor(l, "w", w, D, 0) != DISTRO_OK ||
       distro_learner_add_tensor(l, "bias", bias, 1, DISTRO_DILOCO_PLAIN_MERGE) != DISTRO_OK ||

@@ -8,6 +8,11 @@
 # and the final validation losses.
 #
 #   python-free-examples/decoupled/run.sh BUILD_DIR [SECONDS] [FRAGMENTS]
+#
+# CURVE=1 runs the same job with CURVE keys (what a job across machines
+# needs; without keys the syncer serves only local endpoints, with a
+# warning): a keypair per process, and the learners' public keys as the
+# syncer's and the learners' allowed list.
 set -eu
 B=${1:?usage: run.sh BUILD_DIR [SECONDS] [FRAGMENTS]}
 S=${2:-10}
@@ -17,17 +22,29 @@ LEARNER=$B/python-free-examples/decoupled/decoupled_learner
 DIR=$(mktemp -d /tmp/decoupled-XXXXXX)
 SPEEDS="8 8 10 16"   # ms per step of learners 0..3 (learner 3 is 2x slower)
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
+SKEYS=""
+if [ "${CURVE:-0}" = 1 ]; then
+  $SYNCER --keygen "$DIR/syncer.key" > /dev/null
+  : > "$DIR/allowed"
+  for i in 0 1 2 3; do $SYNCER --keygen "$DIR/l$i.key" > /dev/null; cat "$DIR/l$i.key.pub" >> "$DIR/allowed"; done
+  SKEYS="--curve-keypair $DIR/syncer.key --curve-allowed $DIR/allowed"
+fi
+lkeys() { # CURVE flags of learner $1
+  [ "${CURVE:-0}" = 1 ] && echo "--curve-server-key $DIR/syncer.key.pub --curve-keypair $DIR/l$1.key --curve-allowed $DIR/allowed"
+  return 0
+}
 
 run() { # $1 = name, $2 = 1 to kill and restart learner 3
   name=$1
   ep=ipc://$DIR/$name.ipc
   $SYNCER --endpoint "$ep" --fragments "$P" --quorum 2 --H 24 --overlap 2 --codec int4 \
-    --merge radial-tokens --timeout 1 --heartbeat 0.1 --checkpoint "$DIR/$name.ckpt" > "$DIR/$name.syncer.log" &
+    --merge radial-tokens --timeout 1 --heartbeat 0.1 --checkpoint "$DIR/$name.ckpt" $SKEYS > "$DIR/$name.syncer.log" &
   spid=$!
   sleep 0.3
   i=0
   for ms in $SPEEDS; do
-    $LEARNER --syncer "$ep" --learner-id $i --seconds "$S" --step-ms "$ms" > "$DIR/$name.l$i.log" 2> "$DIR/$name.l$i.err" &
+    $LEARNER --syncer "$ep" --learner-id $i --seconds "$S" --step-ms "$ms" $(lkeys $i) > "$DIR/$name.l$i.log" \
+      2> "$DIR/$name.l$i.err" &
     eval "lpid$i=$!"
     i=$((i + 1))
   done
@@ -37,7 +54,7 @@ run() { # $1 = name, $2 = 1 to kill and restart learner 3
     uptime_s > "$DIR/$name.kill"
     sleep "$(echo "$S * 0.3" | bc -l)"
     uptime_s > "$DIR/$name.restart"
-    $LEARNER --syncer "$ep" --learner-id 3 --seconds "$(echo "$S * 0.4" | bc -l)" --step-ms 16 \
+    $LEARNER --syncer "$ep" --learner-id 3 --seconds "$(echo "$S * 0.4" | bc -l)" --step-ms 16 $(lkeys 3) \
       > "$DIR/$name.l3b.log" 2> "$DIR/$name.l3b.err" &
     lpid3=$!
   fi

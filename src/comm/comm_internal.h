@@ -16,12 +16,15 @@ typedef struct distro__comm_ops {
   distro_status (*allreduce_sum)(distro_comm *c, float *buf, size_t count);
   distro_status (*barrier)(distro_comm *c);
   void (*destroy)(distro_comm *c);
+  int timeouts; /* 1: honours distro_comm.timeout_s (distro_comm_set_timeout) */
 } distro__comm_ops;
 
 struct distro_comm {
   const distro__comm_ops *ops;
   int rank, size;
   void *impl;
+  double timeout_s; /* 0: collectives wait as long as it takes */
+  int broken;       /* a collective timed out: every later one fails at once */
 };
 
 #endif

@@ -6,11 +6,19 @@
  * every rank reads the same slots it reaches the same verdict on a mismatch,
  * so all ranks fail together instead of some hanging or reading past a
  * peer's buffer. A closing barrier keeps every buffer alive and every slot
- * unchanged until all ranks are done reading them. */
+ * unchanged until all ranks are done reading them.
+ *
+ * With a timeout (distro_comm_set_timeout) the first barrier of a
+ * collective, where every rank arrives, waits at most that long; a rank
+ * that gives up aborts the group, so every rank waiting there and every
+ * later arrival fail with DISTRO_ERR_TIMEOUT. The barriers after it need
+ * no timeout: every rank has arrived and only copies remain. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/comm_internal.h"
 #include "common/error.h"
@@ -45,20 +53,60 @@ typedef struct {
   unsigned long gen;     /* barrier generation, so a fast rank cannot
                             slip through the next barrier early */
   local_slot *slots;     /* one per rank; written only by its owner */
+  unsigned long *seen;   /* per rank: the generation it last arrived in, + 1 */
+  int aborted;           /* a rank timed out arriving: the group is dead */
+  int missing;           /* a rank that had not arrived then */
+  double waited;         /* the timeout that fired */
 } local_group;
 
-static void group_wait(local_group *g) {
+/* Barrier. rank >= 0: the arrival barrier of a collective, which fails
+ * (-1) when the group is or gets aborted, and after timeout_s (> 0) aborts
+ * it; 0 when every rank arrived. rank < 0: a barrier after the arrival,
+ * where every rank is known to come. */
+static int group_wait_timed(local_group *g, int rank, double timeout_s) {
+  int rc = 0;
   pthread_mutex_lock(&g->mu);
+  if (rank >= 0 && g->aborted) {
+    pthread_mutex_unlock(&g->mu);
+    return -1;
+  }
   unsigned long gen = g->gen;
+  if (rank >= 0) g->seen[rank] = gen + 1;
   if (++g->arrived == g->world) {
     g->arrived = 0;
     g->gen++;
     pthread_cond_broadcast(&g->cv);
+  } else if (rank >= 0) {
+    struct timespec dl;
+    if (timeout_s > 0) {
+      clock_gettime(CLOCK_REALTIME, &dl);
+      const double end = (double)dl.tv_sec + 1e-9 * (double)dl.tv_nsec + timeout_s;
+      dl.tv_sec = (time_t)end;
+      dl.tv_nsec = (long)((end - (double)dl.tv_sec) * 1e9);
+    }
+    while (gen == g->gen && !g->aborted) {
+      if (timeout_s <= 0) {
+        pthread_cond_wait(&g->cv, &g->mu);
+      } else if (pthread_cond_timedwait(&g->cv, &g->mu, &dl) == ETIMEDOUT && gen == g->gen && !g->aborted) {
+        g->aborted = 1;
+        g->waited = timeout_s;
+        for (int r = 0; r < g->world; r++)
+          if (g->seen[r] != gen + 1) {
+            g->missing = r;
+            break;
+          }
+        pthread_cond_broadcast(&g->cv);
+      }
+    }
+    rc = gen == g->gen ? -1 : 0;
   } else {
     while (gen == g->gen) pthread_cond_wait(&g->cv, &g->mu);
   }
   pthread_mutex_unlock(&g->mu);
+  return rc;
 }
+
+static void group_wait(local_group *g) { (void)group_wait_timed(g, -1, 0); }
 
 static void group_release(local_group *g) {
   pthread_mutex_lock(&g->mu);
@@ -68,6 +116,7 @@ static void group_release(local_group *g) {
   pthread_cond_destroy(&g->cv);
   pthread_mutex_destroy(&g->mu);
   free(g->slots);
+  free(g->seen);
   free(g);
 }
 
@@ -77,7 +126,16 @@ static void group_release(local_group *g) {
 static distro_status publish_and_check(distro_comm *c, local_slot s) {
   local_group *g = c->impl;
   g->slots[c->rank] = s;
-  group_wait(g);
+  if (group_wait_timed(g, c->rank, c->timeout_s) != 0) {
+    pthread_mutex_lock(&g->mu);
+    const int missing = g->missing;
+    const double waited = g->waited;
+    pthread_mutex_unlock(&g->mu);
+    c->broken = 1;
+    return distro__fail(DISTRO_ERR_TIMEOUT,
+                        "local comm %s on rank %d: rank %d did not arrive within %.3g s; the group is aborted",
+                        op_name(s.op), c->rank, missing, waited);
+  }
   const local_slot *sl = g->slots;
   for (int r = 0; r < g->world; r++) {
     if (sl[r].op != sl[0].op)
@@ -106,6 +164,7 @@ static distro_status local_allgather(distro_comm *c, const void *send, size_t by
   local_group *g = c->impl;
   local_slot s = {.op = OP_ALLGATHER, .send = send, .n = bytes, .ok = 1};
   distro_status st = publish_and_check(c, s);
+  if (st == DISTRO_ERR_TIMEOUT) return st;
   if (st == DISTRO_OK && bytes) {
     for (int r = 0; r < g->world; r++)
       memcpy((char *)recv + (size_t)r * bytes, g->slots[r].send, bytes);
@@ -119,6 +178,7 @@ static distro_status local_allgatherv(distro_comm *c, const void *send, size_t b
   local_group *g = c->impl;
   local_slot s = {.op = OP_ALLGATHERV, .send = send, .n = slot, .len = bytes, .ok = 1};
   distro_status st = publish_and_check(c, s);
+  if (st == DISTRO_ERR_TIMEOUT) return st;
   if (st == DISTRO_OK) {
     for (int r = 0; r < g->world; r++)
       if (g->slots[r].len > slot) {
@@ -154,6 +214,10 @@ static distro_status local_allreduce_sum(distro_comm *c, float *buf, size_t coun
   local_slot s = {.op = OP_ALLREDUCE, .send = buf, .n = count, .part = part,
                   .ok = hi == lo || part != NULL};
   distro_status st = publish_and_check(c, s);
+  if (st == DISTRO_ERR_TIMEOUT) {
+    free(part);
+    return st;
+  }
   if (st != DISTRO_OK) {
     group_wait(g); /* same barrier count as the success path */
     free(part);
@@ -180,6 +244,7 @@ static distro_status local_allreduce_sum(distro_comm *c, float *buf, size_t coun
 static distro_status local_barrier(distro_comm *c) {
   local_slot s = {.op = OP_BARRIER, .ok = 1};
   distro_status st = publish_and_check(c, s);
+  if (st == DISTRO_ERR_TIMEOUT) return st;
   group_wait(c->impl); /* slots must stay put until all ranks checked them */
   return st;
 }
@@ -196,6 +261,7 @@ static const distro__comm_ops local_ops = {
     .allreduce_sum = local_allreduce_sum,
     .barrier = local_barrier,
     .destroy = local_destroy,
+    .timeouts = 1,
 };
 
 distro_status distro_comm_local_group(int world, distro_comm **comms) {
@@ -210,7 +276,8 @@ distro_status distro_comm_local_group(int world, distro_comm **comms) {
   tmp = calloc((size_t)world, sizeof *tmp);
   if (!g || !tmp) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: out of memory");
   g->slots = calloc((size_t)world, sizeof *g->slots);
-  if (!g->slots) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: out of memory");
+  g->seen = calloc((size_t)world, sizeof *g->seen);
+  if (!g->slots || !g->seen) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: out of memory");
   if (pthread_mutex_init(&g->mu, NULL) != 0)
     DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: pthread_mutex_init failed");
   locks = 1;
@@ -238,6 +305,7 @@ fail:
     if (locks > 1) pthread_cond_destroy(&g->cv);
     if (locks > 0) pthread_mutex_destroy(&g->mu);
     free(g->slots);
+    free(g->seen);
     free(g);
   }
   return st;

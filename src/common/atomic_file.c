@@ -5,13 +5,77 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/crc32c.h"
 #include "common/error.h"
 
+static const char *kind(mode_t m) {
+  return S_ISLNK(m) ? "symbolic link" : S_ISFIFO(m) ? "FIFO" : S_ISDIR(m) ? "directory" : S_ISCHR(m) ? "character device"
+         : S_ISBLK(m) ? "block device" : S_ISSOCK(m) ? "socket" : "special file";
+}
+
+/* The target may be absent or a regular file; anything else is refused. */
+static distro_status check_target(const char *path) {
+  struct stat s;
+  if (lstat(path, &s) != 0) {
+    if (errno == ENOENT) return DISTRO_OK;
+    return distro__fail(DISTRO_ERR_IO, "cannot inspect '%s': %s", path, strerror(errno));
+  }
+  if (!S_ISREG(s.st_mode))
+    return distro__fail(DISTRO_ERR_IO, "refusing to replace '%s': it is a %s, not a regular file", path, kind(s.st_mode));
+  return DISTRO_OK;
+}
+
+distro_status distro__afile_check(const char *path) {
+  if (!path || !path[0]) return distro__fail(DISTRO_ERR_INVALID, "empty file path");
+  const char *slash = strrchr(path, '/');
+  char dir[4096];
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else if ((size_t)(slash - path) >= sizeof dir) return distro__fail(DISTRO_ERR_INVALID, "file path too long");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  struct stat s;
+  if (stat(dir, &s) != 0)
+    return distro__fail(DISTRO_ERR_IO, "directory '%s' of '%s': %s", dir, path, strerror(errno));
+  if (!S_ISDIR(s.st_mode)) return distro__fail(DISTRO_ERR_IO, "'%s' (the directory of '%s') is not a directory", dir, path);
+  if (access(dir, W_OK | X_OK) != 0)
+    return distro__fail(DISTRO_ERR_IO, "directory '%s' of '%s' is not writable: %s", dir, path, strerror(errno));
+  return check_target(path);
+}
+
+distro_status distro__open_regular(const char *path, FILE **out, int *errno_out) {
+  *out = NULL;
+  if (errno_out) *errno_out = 0;
+  const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno_out) *errno_out = errno;
+    return distro__fail(DISTRO_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+  }
+  struct stat s;
+  const int ok = fstat(fd, &s) == 0;
+  if (!ok || !S_ISREG(s.st_mode)) {
+    const distro_status st = distro__fail(DISTRO_ERR_IO, "'%s' is not a regular file (%s)", path,
+                                          ok ? kind(s.st_mode) : strerror(errno));
+    close(fd);
+    if (errno_out) *errno_out = EINVAL;
+    return st;
+  }
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  *out = fdopen(fd, "rb");
+  if (!*out) {
+    close(fd);
+    return distro__fail(DISTRO_ERR_IO, "fdopen '%s': %s", path, strerror(errno));
+  }
+  return DISTRO_OK;
+}
+
 distro_status distro__afile_open(distro__afile *a, const char *path) {
   memset(a, 0, sizeof *a);
+  distro_status cs = check_target(path);
+  if (cs != DISTRO_OK) return cs;
   const size_t len = strlen(path) + 32;
   a->tmp = malloc(len);
   a->path = malloc(strlen(path) + 1);
@@ -21,7 +85,11 @@ distro_status distro__afile_open(distro__afile *a, const char *path) {
   }
   memcpy(a->path, path, strlen(path) + 1);
   snprintf(a->tmp, len, "%s.tmp.%ld", path, (long)getpid());
-  const int fd = open(a->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  /* Exclusive and never through a link; a leftover of a crashed process
+   * with the same pid is removed (only the name, whatever it points to). */
+  int fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST && unlink(a->tmp) == 0)
+    fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     distro_status st = distro__fail(DISTRO_ERR_IO, "cannot create '%s': %s", a->tmp, strerror(errno));
     free(a->tmp);
@@ -72,6 +140,8 @@ distro_status distro__afile_commit(distro__afile *a) {
   FILE *f = a->f;
   a->f = NULL;
   if (fclose(f) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "closing '%s': %s", a->tmp, strerror(errno));
+  /* Again: something else may have been put in the target's place meanwhile. */
+  DISTRO_CHECK(check_target(a->path));
   if (rename(a->tmp, a->path) != 0)
     DISTRO_FAIL(DISTRO_ERR_IO, "renaming '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
   sync_dir(a->path);
@@ -95,9 +165,7 @@ void distro__afile_abort(distro__afile *a) {
 distro_status distro__rfile_open(distro__rfile *r, const char *path) {
   memset(r, 0, sizeof *r);
   r->path = path;
-  r->f = fopen(path, "rb");
-  if (!r->f) return distro__fail(DISTRO_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-  return DISTRO_OK;
+  return distro__open_regular(path, &r->f, NULL);
 }
 
 distro_status distro__rfile_read(distro__rfile *r, void *p, size_t n) {

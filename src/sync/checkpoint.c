@@ -7,7 +7,8 @@
  * codec block, fragmenting | u64 max_block | u32 ntensors | u64 signature |
  * ntensors x (u64 numel, u32 flags) | P x (u64 version, u64 round) |
  * per fragment: global copy, then momentum, float32 | u32 CRC32C of all
- * before. Integers little-endian. */
+ * before. Integers little-endian. The file is read only if it is a regular
+ * file no larger than max_params allows; every size in it is checked. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,15 +74,22 @@ distro_status distro__syncer_ckpt_load(distro_syncer *s, int *found) {
   uint8_t *buf = NULL;
   int64_t *numel = NULL;
   unsigned *flags = NULL;
-  FILE *f = fopen(s->opt.checkpoint, "rb");
+  FILE *f = NULL;
+  int err = 0;
   *found = 0;
-  if (!f) {
-    if (errno == ENOENT) return DISTRO_OK;
-    return distro__fail(DISTRO_ERR_IO, "cannot open checkpoint '%s': %s", s->opt.checkpoint, strerror(errno));
+  if (distro__open_regular(s->opt.checkpoint, &f, &err) != DISTRO_OK) {
+    if (err == ENOENT) return DISTRO_OK;
+    return distro__fail(DISTRO_ERR_IO, "checkpoint: %s", distro_last_error());
   }
   if (fseek(f, 0, SEEK_END) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "seek '%s'", s->opt.checkpoint);
   const long sz = ftell(f);
+  /* The largest file max_params allows; a larger one is not read at all. */
+  const int64_t cap = 8 + 4 + 8 + 8 + 16 + 8 + 4 + 8 + 12 * (int64_t)DISTRO__SY_MAX_TENSORS +
+                      16 * (int64_t)s->opt.fragments + 8 * s->opt.max_params + 4;
   if (sz < 72) DISTRO_FAIL(DISTRO_ERR_IO, "checkpoint '%s' is truncated (%ld bytes)", s->opt.checkpoint, sz);
+  if ((int64_t)sz > cap)
+    DISTRO_FAIL(DISTRO_ERR_IO, "checkpoint '%s' has %ld bytes, more than max_params %lld allows", s->opt.checkpoint, sz,
+                (long long)s->opt.max_params);
   rewind(f);
   buf = malloc((size_t)sz);
   if (!buf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
@@ -106,22 +114,30 @@ distro_status distro__syncer_ckpt_load(distro_syncer *s, int *found) {
   const uint32_t nt = distro__get_u32(b);
   const uint64_t sig = distro__get_u64(b + 4);
   b += 12;
-  if (nt < 1 || (size_t)(sz - (b - buf)) / 12 < nt) DISTRO_FAIL(DISTRO_ERR_IO, "checkpoint: bad tensor count %u", (unsigned)nt);
+  if (nt < 1 || nt > DISTRO__SY_MAX_TENSORS || (size_t)(sz - (b - buf)) / 12 < nt)
+    DISTRO_FAIL(DISTRO_ERR_IO, "checkpoint: bad tensor count %u", (unsigned)nt);
+  if (s->opt.signature && sig != s->opt.signature)
+    DISTRO_FAIL(DISTRO_ERR_SHAPE, "checkpoint '%s' holds model %016llx, the syncer was given %016llx",
+                s->opt.checkpoint, (unsigned long long)sig, (unsigned long long)s->opt.signature);
   numel = malloc(sizeof *numel * nt);
   flags = malloc(sizeof *flags * nt);
   if (!numel || !flags) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  int64_t total = 0;
   for (uint32_t i = 0; i < nt; i++) {
     numel[i] = (int64_t)distro__get_u64(b);
     flags[i] = distro__get_u32(b + 8);
-    if (numel[i] < 1 || numel[i] > ((int64_t)1 << 40)) DISTRO_FAIL(DISTRO_ERR_IO, "checkpoint: bad tensor size");
+    if (numel[i] < 1 || numel[i] > s->opt.max_params - total || (flags[i] & ~DISTRO_DILOCO_PLAIN_MERGE))
+      DISTRO_FAIL(DISTRO_ERR_IO, "checkpoint: bad tensor size or flags (or more than max_params parameters)");
+    total += numel[i];
     b += 12;
   }
-  DISTRO_CHECK(distro__sy_layout_build(&s->L, (int)nt, numel, flags, sig, (int)P, (distro_fragmenting)fr, maxb,
-                                       (distro_outer_codec)codec, (int)block));
+  if (distro__sy_layout_build(&s->L, (int)nt, numel, flags, sig, (int)P, (distro_fragmenting)fr, maxb,
+                              (distro_outer_codec)codec, (int)block) != DISTRO_OK)
+    DISTRO_FAIL(DISTRO_ERR_IO, "checkpoint '%s': %s", s->opt.checkpoint, distro_last_error());
   if ((size_t)sz != ck_size(&s->L)) {
+    const size_t want = ck_size(&s->L);
     distro__sy_layout_destroy(&s->L);
-    DISTRO_FAIL(DISTRO_ERR_IO, "checkpoint '%s' has %ld bytes, its layout needs %zu", s->opt.checkpoint, sz,
-                ck_size(&s->L));
+    DISTRO_FAIL(DISTRO_ERR_IO, "checkpoint '%s' has %ld bytes, its layout needs %zu", s->opt.checkpoint, sz, want);
   }
   DISTRO_CHECK(distro__syncer_alloc_state(s));
   for (uint32_t p = 0; p < P; p++) {
@@ -138,11 +154,12 @@ distro_status distro__syncer_ckpt_load(distro_syncer *s, int *found) {
   s->merges = merges;
   s->have_layout = 1;
   s->initialized = 1;
+  s->provisional = 0;
   *found = 1;
 fail:
   free(numel);
   free(flags);
   free(buf);
-  fclose(f);
+  if (f) fclose(f);
   return st;
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/sha256.h"
 #include "compress/outer_codec.h"
 #include "sync/sync_internal.h"
 
@@ -26,10 +27,31 @@ distro_status distro__sy_layout_build(distro__sy_layout *L, int nt, const int64_
                                       distro_outer_codec codec, int block) {
   distro_status st = DISTRO_OK;
   memset(L, 0, sizeof *L);
-  if (nt < 1) return distro__fail(DISTRO_ERR_INVALID, "no tensors");
-  if (P < 1) return distro__fail(DISTRO_ERR_INVALID, "fragments %d < 1", P);
-  if (!distro__outer_codec_known(codec) || block < 1)
+  if (nt < 1 || nt > DISTRO__SY_MAX_TENSORS)
+    return distro__fail(DISTRO_ERR_INVALID, "%d tensors (1..%d)", nt, DISTRO__SY_MAX_TENSORS);
+  if (P < 1 || P > DISTRO__SY_MAX_FRAGMENTS)
+    return distro__fail(DISTRO_ERR_INVALID, "fragments %d not in [1, %d]", P, DISTRO__SY_MAX_FRAGMENTS);
+  if (!distro__outer_codec_known(codec) || block < 1 || block > DISTRO__SY_MAX_BLOCK)
     return distro__fail(DISTRO_ERR_INVALID, "unknown codec %d or block %d", (int)codec, block);
+  if ((int)fr < 0 || (int)fr > DISTRO_FRAG_SEQUENTIAL)
+    return distro__fail(DISTRO_ERR_INVALID, "unknown fragmenting %d", (int)fr);
+  /* Sizes come from peers: bound them before any sum or product. */
+  int64_t total = 0;
+  for (int i = 0; i < nt; i++) {
+    if (numel[i] < 1 || numel[i] > DISTRO__SY_MAX_NUMEL - total)
+      return distro__fail(DISTRO_ERR_INVALID, "tensor %d of %lld elements: a job holds 1..%lld parameters", i,
+                          (long long)numel[i], (long long)DISTRO__SY_MAX_NUMEL);
+    total += numel[i];
+  }
+  /* A block larger than every tensor cuts nothing, so clamping changes no layout. */
+  if (max_block > DISTRO__SY_MAX_NUMEL) max_block = DISTRO__SY_MAX_NUMEL;
+  if (fr != DISTRO_FRAG_STRIDED) {
+    const int64_t B = max_block > 0 ? max_block : distro__fragments_auto_block(total, P);
+    const int64_t units = distro__fragments_units(fr, nt, numel, NULL, B);
+    if (units > DISTRO__SY_MAX_UNITS || units * P > ((int64_t)1 << 31))
+      return distro__fail(DISTRO_ERR_INVALID, "%lld blocks of at most %lld elements in %d fragments: too many",
+                          (long long)units, (long long)B, P);
+  }
   L->nt = nt;
   L->P = P;
   L->codec = codec;
@@ -43,7 +65,6 @@ distro_status distro__sy_layout_build(distro__sy_layout *L, int nt, const int64_
   if (!L->numel || !L->tflags || !L->toff || !L->frag_bytes || !L->frag_off)
     DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   for (int i = 0; i < nt; i++) {
-    if (numel[i] < 1) DISTRO_FAIL(DISTRO_ERR_INVALID, "tensor %d has %lld elements", i, (long long)numel[i]);
     L->numel[i] = numel[i];
     L->tflags[i] = flags ? flags[i] : 0;
     L->toff[i] = L->total;
@@ -65,6 +86,8 @@ distro_status distro__sy_layout_build(distro__sy_layout *L, int nt, const int64_
     }
     L->frag_bytes[p] = b;
     L->frag_off[p + 1] = L->frag_off[p] + f->numel[p];
+    if (f->numel[p] > L->maxf) L->maxf = f->numel[p];
+    if (b > L->max_frag_bytes) L->max_frag_bytes = b;
   }
   return DISTRO_OK;
 fail:
@@ -84,4 +107,46 @@ void distro__sy_scatter(const distro__sy_layout *L, int p, const float *src, flo
   for (int q = f->start[p]; q < f->start[p + 1]; q++)
     memcpy(params[f->pieces[q].tensor] + f->pieces[q].offset, src + L->piece_elem[q],
            sizeof(float) * (size_t)f->pieces[q].count);
+}
+
+/* A tree of SHA-256 so that large fragments hash on every core: leaves of
+ * 1 MiB, SHA-256(0x00 | leaf), and the root SHA-256(0x01 | u64 bytes |
+ * leaf digests). The same bits whatever the thread count. */
+#define LEAF ((size_t)1 << 20)
+
+void distro__sy_hash(const float *x, int64_t n, uint8_t out[32]) {
+  const size_t bytes = sizeof(float) * (size_t)n, leaves = (bytes + LEAF - 1) / LEAF;
+  const uint8_t *b = (const uint8_t *)x;
+  uint8_t *dig = malloc(32 * (leaves ? leaves : 1));
+  distro__sha256_ctx root;
+  distro__sha256_init(&root);
+  const uint8_t one = 1, zero = 0;
+  uint8_t len[8];
+  distro__put_u64(len, bytes);
+  distro__sha256_update(&root, &one, 1);
+  distro__sha256_update(&root, len, 8);
+  if (!dig) { /* no memory for the leaf list: the same tree, one leaf at a time */
+    for (size_t i = 0; i < leaves; i++) {
+      distro__sha256_ctx c;
+      uint8_t d[32];
+      distro__sha256_init(&c);
+      distro__sha256_update(&c, &zero, 1);
+      distro__sha256_update(&c, b + i * LEAF, i + 1 < leaves ? LEAF : bytes - i * LEAF);
+      distro__sha256_final(&c, d);
+      distro__sha256_update(&root, d, 32);
+    }
+    distro__sha256_final(&root, out);
+    return;
+  }
+#pragma omp parallel for schedule(static) if (leaves > 1)
+  for (int64_t i = 0; i < (int64_t)leaves; i++) {
+    distro__sha256_ctx c;
+    distro__sha256_init(&c);
+    distro__sha256_update(&c, &zero, 1);
+    distro__sha256_update(&c, b + (size_t)i * LEAF, (size_t)i + 1 < leaves ? LEAF : bytes - (size_t)i * LEAF);
+    distro__sha256_final(&c, dig + 32 * (size_t)i);
+  }
+  distro__sha256_update(&root, dig, 32 * leaves);
+  distro__sha256_final(&root, out);
+  free(dig);
 }

@@ -1,7 +1,12 @@
-/* The syncer's event loop: messages from learners, liveness, the fragment
- * schedule, quorum and grace, merges (docs/protocol.md). */
+/* The syncer's messages from learners: the event loop, every type's checks
+ * and effect (docs/protocol.md). A message is checked in the order of its
+ * cost: header fields, the type, its payload size against the type's cap,
+ * then the CRC and the body; a bad one gets an ERROR reply and a log line
+ * and changes nothing. Rounds and merges are rounds.c. */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,17 +14,12 @@
 
 #include "common/error.h"
 #include "compress/outer_codec.h"
-#include "optim/outer_merge.h"
 #include "sync/syncer_internal.h"
 
-#define WELCOME_SEED 1u
-#define WELCOME_SEEDED 2u
-#define WELCOME_FETCH 4u
+typedef distro__sy_route route;
 
-typedef struct {
-  const uint8_t *rid;
-  size_t rid_n;
-} route;
+/* At most this many reject lines per second; the rest are counted. */
+#define REJECT_LOG_PER_S 20
 
 static void reject(distro_syncer *s, route r, uint32_t learner, int code, int type, uint32_t frag, uint64_t round,
                    const char *fmt, ...) __attribute__((format(printf, 8, 9)));
@@ -30,8 +30,20 @@ static void reject(distro_syncer *s, route r, uint32_t learner, int code, int ty
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
-  distro__syncer_log(s, "reject learner=%u type=%s reason=%s: %s", (unsigned)learner, distro__sy_type_name(type),
-                     distro_sync_error_name(code), why);
+  const double now = distro__sy_now();
+  if (now - s->log_t >= 1.0) {
+    if (s->log_dropped)
+      distro__syncer_log(s, "%llu more messages rejected in the last second (log lines rate-limited)",
+                         (unsigned long long)s->log_dropped);
+    s->log_t = now;
+    s->log_n = 0;
+    s->log_dropped = 0;
+  }
+  if (s->log_n++ < REJECT_LOG_PER_S)
+    distro__syncer_log(s, "reject learner=%u type=%s reason=%s: %s", (unsigned)learner, distro__sy_type_name(type),
+                       distro_sync_error_name(code), why);
+  else
+    s->log_dropped++;
   if (r.rid) {
     distro__sy_msg m = {0};
     m.type = DISTRO__SY_ERROR;
@@ -49,7 +61,7 @@ static void reject(distro_syncer *s, route r, uint32_t learner, int code, int ty
   pthread_mutex_unlock(&s->mu);
 }
 
-static void send_to(distro_syncer *s, const sy_learner *l, distro__sy_msg *m, const void *payload) {
+void distro__syncer_send_to(distro_syncer *s, const sy_learner *l, distro__sy_msg *m, const void *payload) {
   m->epoch = s->epoch;
   distro__sy_send(s->router, l->rid, l->rid_n, m, payload);
 }
@@ -62,16 +74,73 @@ static sy_learner *authenticate(distro_syncer *s, route r, const distro__sy_msg 
   return l;
 }
 
-static int count_live(distro_syncer *s, int ready_only) {
+int distro__syncer_count_live(distro_syncer *s, int ready_only) {
   int n = 0;
   for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
     if (s->learners[i] && s->learners[i]->alive && (!ready_only || s->learners[i]->ready)) n++;
   return n;
 }
 
-static uint32_t welcome_body(distro_syncer *s, uint8_t *buf, int peer) {
+const float *distro__syncer_history(const distro_syncer *s, const sy_fragment *F, uint64_t v) {
+  const int S = s->opt.max_staleness;
+  if (S == 0) return NULL;
+  const sy_hist *h = &F->hist[v % (uint64_t)S];
+  return h->valid && h->version == v ? h->data : NULL;
+}
+
+/* ------------------------------------------------------------ joins */
+
+/* SHA-256 of fragment p at version v (its current one or the previous),
+ * all zeros when that version's values are gone. Cached per version. */
+static void digest(distro_syncer *s, int p, uint64_t v, uint8_t out[32]) {
+  sy_fragment *F = &s->frag[p];
+  sy_digest *d = &F->digest[v == F->version ? 0 : 1];
+  if (!(d->valid && d->version == v)) {
+    const float *x = v == F->version ? F->global : distro__syncer_history(s, F, v);
+    d->valid = 0;
+    if (x) {
+      distro__sy_hash(x, s->L.frags.numel[p], d->hash);
+      d->version = v;
+      d->valid = 1;
+    }
+  }
+  if (d->valid && d->version == v) memcpy(out, d->hash, 32);
+  else memset(out, 0, 32);
+}
+
+/* Up to DISTRO__SY_MAX_PEERS healthy peers (alive, ready, serving), heard
+ * from most recently first. */
+static int choose_peers(distro_syncer *s, uint32_t self, int *peers) {
+  int n = 0;
+  uint8_t taken[DISTRO__SY_MAX_LEARNERS] = {0};
+  for (; n < DISTRO__SY_MAX_PEERS; n++) {
+    int best = -1;
+    for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++) {
+      const sy_learner *l = s->learners[i];
+      if (!l || !l->alive || !l->ready || (uint32_t)i == self || !l->endpoint[0] || taken[i]) continue;
+      if (best < 0 || l->last_seen > s->learners[best]->last_seen) best = i;
+    }
+    if (best < 0) break;
+    taken[best] = 1;
+    peers[n] = best;
+  }
+  return n;
+}
+
+static void put_str(uint8_t **b, const char *str) {
+  const size_t n = strlen(str);
+  (*b)[0] = (uint8_t)n, (*b)[1] = (uint8_t)(n >> 8);
+  memcpy(*b + 2, str, n);
+  *b += 2 + n;
+}
+
+/* WELCOME (docs/protocol.md). Digests only for a learner that will pull
+ * the state from a peer (they cost a pass over the parameters). */
+static void send_welcome(distro_syncer *s, const sy_learner *l, uint32_t learner, unsigned flags, const int *peers,
+                         int npeers) {
   const int P = s->L.P;
-  uint8_t *b = buf;
+  uint8_t *buf = calloc(1, 28 + 72 * (size_t)P + 4 + (size_t)DISTRO__SY_MAX_PEERS * (8 + 2 * 256)), *b = buf;
+  if (!buf) return;
   distro__put_u32(b, (uint32_t)P), b += 4;
   distro__put_u32(b, (uint32_t)s->opt.codec), b += 4;
   distro__put_u32(b, (uint32_t)s->opt.codec_block), b += 4;
@@ -79,42 +148,30 @@ static uint32_t welcome_body(distro_syncer *s, uint8_t *buf, int peer) {
   distro__put_u64(b, (uint64_t)s->opt.max_block), b += 8;
   distro__put_u32(b, (uint32_t)s->opt.overlap), b += 4;
   for (int p = 0; p < P; p++) distro__put_u64(b, s->initialized ? s->frag[p].version : 0), b += 8;
-  const sy_learner *pl = peer >= 0 ? s->learners[peer] : NULL;
-  distro__put_u32(b, pl ? (uint32_t)peer : DISTRO__SY_NONE), b += 4;
-  const size_t el = pl ? strlen(pl->endpoint) : 0, kl = pl ? strlen(pl->pubkey) : 0;
-  b[0] = (uint8_t)el, b[1] = (uint8_t)(el >> 8), b += 2;
-  if (el) memcpy(b, pl->endpoint, el), b += el;
-  b[0] = (uint8_t)kl, b[1] = (uint8_t)(kl >> 8), b += 2;
-  if (kl) memcpy(b, pl->pubkey, kl), b += kl;
-  return (uint32_t)(b - buf);
-}
-
-static void send_welcome(distro_syncer *s, const sy_learner *l, uint32_t learner, unsigned flags, int peer) {
-  uint8_t *buf = malloc(64 + 8 * (size_t)s->L.P + 600);
-  if (!buf) return;
+  for (int p = 0; p < P; p++, b += 64)
+    if (s->initialized && npeers > 0) {
+      const uint64_t v = s->frag[p].version;
+      digest(s, p, v, b);
+      if (v > 0) digest(s, p, v - 1, b + 32);
+    }
+  distro__put_u32(b, (uint32_t)npeers), b += 4;
+  for (int k = 0; k < npeers; k++) {
+    const sy_learner *q = s->learners[peers[k]];
+    distro__put_u32(b, (uint32_t)peers[k]), b += 4;
+    put_str(&b, q->endpoint);
+    put_str(&b, q->pubkey);
+  }
   distro__sy_msg m = {0};
   m.type = DISTRO__SY_WELCOME;
   m.learner = learner;
   m.fragment = DISTRO__SY_NONE;
   m.b = flags;
-  m.payload_bytes = welcome_body(s, buf, peer);
-  send_to(s, l, &m, buf);
+  m.payload_bytes = (uint32_t)(b - buf);
+  distro__syncer_send_to(s, l, &m, buf);
   free(buf);
 }
 
-/* A healthy peer to pull state from: alive, ready, heard from most recently. */
-static int choose_peer(distro_syncer *s, uint32_t self) {
-  int best = -1;
-  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++) {
-    const sy_learner *l = s->learners[i];
-    if (!l || !l->alive || !l->ready || (uint32_t)i == self || !l->endpoint[0]) continue;
-    if (best < 0 || l->last_seen > s->learners[best]->last_seen) best = i;
-  }
-  return best;
-}
-
-static sy_learner *enroll(distro_syncer *s, route r, uint32_t id, const char *ep, size_t el, const char *key,
-                          size_t kl, double now) {
+static sy_learner *enroll(distro_syncer *s, route r, uint32_t id, const distro__sy_hello *h, double now) {
   sy_learner *l = s->learners[id];
   if (!l) {
     l = calloc(1, sizeof *l);
@@ -123,87 +180,123 @@ static sy_learner *enroll(distro_syncer *s, route r, uint32_t id, const char *ep
   }
   const int moved = l->alive && (l->rid_n != r.rid_n || memcmp(l->rid, r.rid, r.rid_n) != 0);
   if (moved) distro__syncer_log(s, "learner %u says hello from a new connection (replaces the old one)", (unsigned)id);
+  if (!l->alive) l->last_fetch = 0;
   memcpy(l->rid, r.rid, r.rid_n);
   l->rid_n = r.rid_n;
   l->alive = 1;
   l->last_seen = now;
-  memcpy(l->endpoint, ep, el);
-  l->endpoint[el] = 0;
-  memcpy(l->pubkey, key, kl);
-  l->pubkey[kl] = 0;
+  snprintf(l->endpoint, sizeof l->endpoint, "%s", h->endpoint);
+  snprintf(l->pubkey, sizeof l->pubkey, "%s", h->key);
   return l;
 }
 
-static void on_hello(distro_syncer *s, route r, const distro__sy_msg *m, const uint8_t *pl, size_t pn, double now) {
+static int same_layout(const distro_syncer *s, const distro__sy_msg *m, const distro__sy_hello *h) {
+  if (m->a != s->L.signature || (int)h->nt != s->L.nt) return 0;
+  for (uint32_t i = 0; i < h->nt; i++)
+    if ((int64_t)distro__get_u64(h->tensors + 12 * i) != s->L.numel[i] ||
+        distro__get_u32(h->tensors + 12 * i + 8) != s->L.tflags[i])
+      return 0;
+  return 1;
+}
+
+static distro_status propose_layout(distro_syncer *s, const distro__sy_msg *m, const distro__sy_hello *h) {
+  distro_status st = DISTRO_ERR_NOMEM;
+  int64_t *numel = malloc(sizeof *numel * h->nt);
+  unsigned *flags = malloc(sizeof *flags * h->nt);
+  if (numel && flags) {
+    for (uint32_t i = 0; i < h->nt; i++) {
+      numel[i] = (int64_t)distro__get_u64(h->tensors + 12 * i);
+      flags[i] = distro__get_u32(h->tensors + 12 * i + 8);
+    }
+    st = distro__sy_layout_build(&s->L, (int)h->nt, numel, flags, m->a, s->opt.fragments, s->opt.fragmenting,
+                                 s->opt.max_block, s->opt.codec, s->opt.codec_block);
+  } else {
+    distro__fail(st, "out of memory");
+  }
+  free(numel);
+  free(flags);
+  return st;
+}
+
+static void on_hello(distro_syncer *s, route r, const distro__sy_msg *m, const uint8_t *pl, size_t pn,
+                     const char *user, double now) {
   const uint32_t id = m->learner;
+  char why[300];
+  distro__sy_hello h;
   if (id >= DISTRO__SY_MAX_LEARNERS) {
     reject(s, r, id, DISTRO_SYNC_E_MALFORMED, m->type, DISTRO__SY_NONE, 0, "learner id %u >= %d", (unsigned)id,
            DISTRO__SY_MAX_LEARNERS);
     return;
   }
-  /* u32 nt | nt x (u64 numel, u32 flags) | u32 nver | nver x u64 | u16 len, endpoint | u16 len, key */
-  size_t off = 0;
-  if (pn < 4) goto malformed;
-  const uint32_t nt = distro__get_u32(pl);
-  off = 4;
-  if (nt < 1 || nt > (1u << 20) || (pn - off) / 12 < nt) goto malformed;
-  const uint8_t *tens = pl + off;
-  off += 12 * (size_t)nt;
-  if (pn - off < 4) goto malformed;
-  const uint32_t nver = distro__get_u32(pl + off);
-  off += 4;
-  if (nver > 4096 || (pn - off) / 8 < nver) goto malformed;
-  off += 8 * (size_t)nver;
-  if (pn - off < 2) goto malformed;
-  const size_t el = (size_t)pl[off] | ((size_t)pl[off + 1] << 8);
-  off += 2;
-  if (el > 255 || pn - off < el) goto malformed;
-  const char *ep = (const char *)pl + off;
-  off += el;
-  if (pn - off < 2) goto malformed;
-  const size_t kl = (size_t)pl[off] | ((size_t)pl[off + 1] << 8);
-  off += 2;
-  if ((kl != 0 && kl != 40) || pn - off != kl) goto malformed;
-  const char *key = (const char *)pl + off;
-  const int has_state = (m->b & 1u) != 0;
-
-  if (!s->have_layout) {
-    int64_t *numel = malloc(sizeof *numel * nt);
-    unsigned *flags = malloc(sizeof *flags * nt);
-    distro_status st = DISTRO_ERR_NOMEM;
-    if (numel && flags) {
-      for (uint32_t i = 0; i < nt; i++) {
-        numel[i] = (int64_t)distro__get_u64(tens + 12 * i);
-        flags[i] = distro__get_u32(tens + 12 * i + 8);
-      }
-      st = distro__sy_layout_build(&s->L, (int)nt, numel, flags, m->a, s->opt.fragments, s->opt.fragmenting,
-                                   s->opt.max_block, s->opt.codec, s->opt.codec_block);
-      if (st == DISTRO_OK) st = distro__syncer_alloc_state(s);
+  if (m->b & ~(uint64_t)DISTRO__SY_HELLO_HAS_STATE) {
+    reject(s, r, id, DISTRO_SYNC_E_MALFORMED, m->type, DISTRO__SY_NONE, 0, "HELLO with unknown flag bits 0x%llx",
+           (unsigned long long)m->b);
+    return;
+  }
+  int code = distro__sy_parse_hello(pl, pn, &h, why, sizeof why);
+  if (code) {
+    reject(s, r, id, code, m->type, DISTRO__SY_NONE, 0, "%s", why);
+    return;
+  }
+  if (s->curve) {
+    /* The key a joiner will trust for this learner's state must be the one
+     * this connection proved it holds, and an id stays with its key. */
+    if (strcmp(h.key, user) != 0) {
+      reject(s, r, id, DISTRO_SYNC_E_MALFORMED, m->type, DISTRO__SY_NONE, 0,
+             "HELLO advertises public key '%s', the connection authenticated with '%s'", h.key, user);
+      return;
     }
-    free(numel);
-    free(flags);
-    if (st != DISTRO_OK) {
+    const sy_learner *cur = s->learners[id];
+    if (cur && cur->alive && strcmp(cur->pubkey, user) != 0) {
+      reject(s, r, id, DISTRO_SYNC_E_UNKNOWN, m->type, DISTRO__SY_NONE, 0,
+             "learner id %u is held by a learner with another key", (unsigned)id);
+      return;
+    }
+  }
+  if (s->opt.signature && m->a != s->opt.signature) {
+    reject(s, r, id, DISTRO_SYNC_E_SIGNATURE, m->type, DISTRO__SY_NONE, 0,
+           "model signature %016llx is not the one the syncer was given (%016llx)", (unsigned long long)m->a,
+           (unsigned long long)s->opt.signature);
+    return;
+  }
+  if (h.total > s->opt.max_params) {
+    reject(s, r, id, DISTRO_SYNC_E_SIGNATURE, m->type, DISTRO__SY_NONE, 0,
+           "a model of %lld parameters is more than the syncer's max_params %lld", (long long)h.total,
+           (long long)s->opt.max_params);
+    return;
+  }
+  const int has_state = (m->b & DISTRO__SY_HELLO_HAS_STATE) != 0;
+  if (s->have_layout && !same_layout(s, m, &h)) {
+    const int seeder_alive = s->seeder >= 0 && s->learners[s->seeder] && s->learners[s->seeder]->alive;
+    if (!s->provisional) {
+      reject(s, r, id, DISTRO_SYNC_E_SIGNATURE, m->type, DISTRO__SY_NONE, 0,
+             "model signature %016llx with %u tensors differs from the job's %016llx with %d tensors",
+             (unsigned long long)m->a, (unsigned)h.nt, (unsigned long long)s->L.signature, s->L.nt);
+      return;
+    }
+    if (seeder_alive && (uint32_t)s->seeder != id) {
+      /* Nothing is fixed until a seed arrives: not a refusal, a wait. */
+      reject(s, r, id, DISTRO_SYNC_E_NOT_READY, m->type, DISTRO__SY_NONE, 0,
+             "learner %d is seeding the global copy (another layout until it seeds); say hello again", s->seeder);
+      return;
+    }
+    distro__syncer_log(s, "layout proposed by learner %d dropped (it did not seed)", s->seeder);
+    distro__syncer_free_state(s);
+    s->seeder = -1;
+  }
+  if (!s->have_layout) {
+    if (propose_layout(s, m, &h) != DISTRO_OK) {
       reject(s, r, id, DISTRO_SYNC_E_SIGNATURE, m->type, DISTRO__SY_NONE, 0, "cannot lay out the model: %s",
              distro_last_error());
-      distro__sy_layout_destroy(&s->L);
       return;
     }
     pthread_mutex_lock(&s->mu);
     s->have_layout = 1;
+    s->provisional = 1;
     pthread_mutex_unlock(&s->mu);
     s->seeder = -1;
-    distro__syncer_log(s, "layout from learner %u: %u tensors, %lld parameters, %d fragments", (unsigned)id,
-                       (unsigned)nt, (long long)s->L.total, s->L.P);
-  } else {
-    int same = m->a == s->L.signature && (int)nt == s->L.nt;
-    for (uint32_t i = 0; same && i < nt; i++)
-      same = (int64_t)distro__get_u64(tens + 12 * i) == s->L.numel[i] && distro__get_u32(tens + 12 * i + 8) == s->L.tflags[i];
-    if (!same) {
-      reject(s, r, id, DISTRO_SYNC_E_SIGNATURE, m->type, DISTRO__SY_NONE, 0,
-             "model signature %016llx with %u tensors differs from the job's %016llx with %d tensors",
-             (unsigned long long)m->a, (unsigned)nt, (unsigned long long)s->L.signature, s->L.nt);
-      return;
-    }
+    distro__syncer_log(s, "layout proposed by learner %u: %u tensors, %lld parameters, %d fragments", (unsigned)id,
+                       (unsigned)h.nt, (long long)s->L.total, s->L.P);
   }
   if (!s->initialized) {
     if (s->seeder >= 0 && (uint32_t)s->seeder != id && s->learners[s->seeder] && s->learners[s->seeder]->alive) {
@@ -211,39 +304,40 @@ static void on_hello(distro_syncer *s, route r, const distro__sy_msg *m, const u
              "learner %d is seeding the global copy; say hello again", s->seeder);
       return;
     }
-    sy_learner *l = enroll(s, r, id, ep, el, key, kl, now);
+    sy_learner *l = enroll(s, r, id, &h, now);
     if (!l) return;
     s->seeder = (int)id;
+    s->t_seed_asked = now;
     l->ready = 0;
     distro__syncer_log(s, "learner %u seeds the global copy", (unsigned)id);
-    send_welcome(s, l, id, WELCOME_SEED, -1);
+    send_welcome(s, l, id, DISTRO__SY_WELCOME_SEED, NULL, 0);
     return;
   }
-  sy_learner *l = enroll(s, r, id, ep, el, key, kl, now);
+  sy_learner *l = enroll(s, r, id, &h, now);
   if (!l) return;
   l->ready = has_state;
-  const int peer = has_state ? -1 : choose_peer(s, id);
+  l->rejoined = has_state;
+  int peers[DISTRO__SY_MAX_PEERS], np = has_state ? 0 : choose_peers(s, id, peers);
   distro__syncer_log(s, "learner %u joins (%s)%s%s", (unsigned)id, has_state ? "has state" : "new",
-                     has_state ? "" : peer >= 0 ? ", pulls state from learner " : ", fetches state from the syncer",
-                     !has_state && peer >= 0 ? s->learners[peer]->endpoint : "");
-  send_welcome(s, l, id, has_state ? 0u : peer >= 0 ? 0u : WELCOME_FETCH, peer);
-  return;
-malformed:
-  reject(s, r, id, DISTRO_SYNC_E_MALFORMED, m->type, DISTRO__SY_NONE, 0, "HELLO body of %zu bytes does not parse", pn);
+                     has_state ? "" : np > 0 ? ", pulls state from learner " : ", fetches state from the syncer",
+                     !has_state && np > 0 ? s->learners[peers[0]]->endpoint : "");
+  send_welcome(s, l, id, has_state || np > 0 ? 0u : DISTRO__SY_WELCOME_FETCH, peers, np);
+  distro__syncer_reasked(s, (int)id, has_state);
 }
 
-static void on_seed(distro_syncer *s, route r, sy_learner *l, const distro__sy_msg *m, const uint8_t *pl, size_t pn) {
+static void on_seed(distro_syncer *s, route r, sy_learner *l, const distro__sy_msg *m, const uint8_t *pl, size_t pn,
+                    double now) {
   const int P = s->L.P;
-  if (s->initialized || s->seeder != (int)m->learner) {
+  if (s->initialized || !s->have_layout || s->seeder != (int)m->learner) {
     reject(s, r, m->learner, DISTRO_SYNC_E_ROUND, m->type, DISTRO__SY_NONE, 0, "not asked to seed");
     return;
   }
-  if (pn != 8 * (size_t)P + 4 * (size_t)s->L.total) {
+  const size_t want = 8 * (size_t)P + 4 * (size_t)s->L.total;
+  if (pn != want) {
     reject(s, r, m->learner, DISTRO_SYNC_E_MALFORMED, m->type, DISTRO__SY_NONE, 0, "SEED of %zu bytes, want %zu", pn,
-           8 * (size_t)P + 4 * (size_t)s->L.total);
+           want);
     return;
   }
-  const float *vals = (const float *)(const void *)(pl + 8 * (size_t)P);
   for (int64_t j = 0; j < s->L.total; j++) {
     float v;
     memcpy(&v, pl + 8 * (size_t)P + 4 * (size_t)j, 4);
@@ -253,23 +347,40 @@ static void on_seed(distro_syncer *s, route r, sy_learner *l, const distro__sy_m
       return;
     }
   }
-  (void)vals;
+  if (distro__syncer_alloc_state(s) != DISTRO_OK) {
+    distro__syncer_log(s, "cannot hold the seeded state: %s", distro_last_error());
+    return;
+  }
   pthread_mutex_lock(&s->mu);
   for (int p = 0; p < P; p++) {
     sy_fragment *F = &s->frag[p];
     memcpy(F->global, pl + 8 * (size_t)P + 4 * (size_t)s->L.frag_off[p], 4 * (size_t)s->L.frags.numel[p]);
-    memset(F->mom, 0, 4 * (size_t)s->L.frags.numel[p]);
     F->version = distro__get_u64(pl + 8 * (size_t)p);
   }
   s->initialized = 1;
+  s->provisional = 0;
   pthread_mutex_unlock(&s->mu);
   s->seeder = -1;
+  s->t_progress = now;
   l->ready = 1;
-  distro__syncer_log(s, "learner %u seeded %lld parameters", (unsigned)m->learner, (long long)s->L.total);
-  send_welcome(s, l, m->learner, WELCOME_SEEDED, -1);
+  distro__syncer_log(s, "learner %u seeded %lld parameters; the layout is fixed", (unsigned)m->learner,
+                     (long long)s->L.total);
+  send_welcome(s, l, m->learner, DISTRO__SY_WELCOME_SEEDED, NULL, 0);
 }
 
-static void send_state(distro_syncer *s, const sy_learner *l, uint32_t learner) {
+/* FETCH: the whole state, rate-limited (each answer is 4 N bytes): one
+ * per learner per second, four per second in all. */
+static void on_fetch(distro_syncer *s, route r, sy_learner *l, uint32_t learner, double now) {
+  s->fetch_tokens += (now - s->fetch_t) * 1.0;
+  if (s->fetch_tokens > 4) s->fetch_tokens = 4;
+  s->fetch_t = now;
+  if (s->fetch_tokens < 1 || (l->last_fetch > 0 && now - l->last_fetch < 1.0)) {
+    reject(s, r, learner, DISTRO_SYNC_E_NOT_READY, DISTRO__SY_FETCH, DISTRO__SY_NONE, 0,
+           "state requests are rate-limited; retry in a second");
+    return;
+  }
+  s->fetch_tokens -= 1;
+  l->last_fetch = now;
   const int P = s->L.P;
   const size_t n = 8 * (size_t)P + 4 * (size_t)s->L.total;
   uint8_t *buf = malloc(n);
@@ -278,18 +389,22 @@ static void send_state(distro_syncer *s, const sy_learner *l, uint32_t learner) 
     distro__put_u64(buf + 8 * (size_t)p, s->frag[p].version);
     memcpy(buf + 8 * (size_t)P + 4 * (size_t)s->L.frag_off[p], s->frag[p].global, 4 * (size_t)s->L.frags.numel[p]);
   }
-  distro__sy_msg m = {0};
-  m.type = DISTRO__SY_STATE;
-  m.learner = learner;
-  m.fragment = DISTRO__SY_NONE;
-  m.a = (uint64_t)P;
-  m.payload_bytes = (uint32_t)n;
-  send_to(s, l, &m, buf);
+  distro__sy_msg m = distro__sy_state_msg(learner, P, n);
+  distro__syncer_send_to(s, l, &m, buf);
   free(buf);
 }
 
-static void on_upload(distro_syncer *s, route r, const distro__sy_msg *m, const uint8_t *pl, size_t pn) {
+/* UPLOAD: after a restart from a checkpoint, a rejoining learner hands
+ * back fragments merged since that checkpoint (at most checkpoint_every
+ * merges ahead). A syncer without checkpoints never needs one. */
+static void on_upload(distro_syncer *s, route r, const sy_learner *l, const distro__sy_msg *m, const uint8_t *pl,
+                      size_t pn) {
   const uint32_t p = m->fragment;
+  if (!s->opt.checkpoint || !l->rejoined) {
+    reject(s, r, m->learner, DISTRO_SYNC_E_ROUND, m->type, p, 0,
+           "UPLOAD is only taken after a restart from a checkpoint, from a learner that rejoined with its state");
+    return;
+  }
   if (p >= (uint32_t)s->L.P || pn != 4 * (size_t)s->L.frags.numel[p]) {
     reject(s, r, m->learner, DISTRO_SYNC_E_MALFORMED, m->type, p, 0, "UPLOAD of fragment %u with %zu bytes",
            (unsigned)p, pn);
@@ -299,6 +414,12 @@ static void on_upload(distro_syncer *s, route r, const distro__sy_msg *m, const 
   if (m->b <= F->version) {
     reject(s, r, m->learner, DISTRO_SYNC_E_STALE, m->type, p, 0, "UPLOAD of version %llu, syncer has %llu",
            (unsigned long long)m->b, (unsigned long long)F->version);
+    return;
+  }
+  if (m->b - F->version > (uint64_t)s->opt.checkpoint_every) {
+    reject(s, r, m->learner, DISTRO_SYNC_E_MALFORMED, m->type, p, 0,
+           "UPLOAD of version %llu, more than checkpoint_every (%d) merges ahead of the syncer's %llu",
+           (unsigned long long)m->b, s->opt.checkpoint_every, (unsigned long long)F->version);
     return;
   }
   for (size_t j = 0; j < pn / 4; j++) {
@@ -315,16 +436,14 @@ static void on_upload(distro_syncer *s, route r, const distro__sy_msg *m, const 
   F->version = m->b;
   pthread_mutex_unlock(&s->mu);
   for (int k = 0; k < s->opt.max_staleness; k++) F->hist[k].valid = 0;
+  F->digest[0].valid = F->digest[1].valid = 0;
   distro__syncer_log(s, "fragment %u: adopted version %llu from learner %u (had %llu)", (unsigned)p,
                      (unsigned long long)m->b, (unsigned)m->learner, (unsigned long long)old);
 }
 
-static const float *history(const distro_syncer *s, const sy_fragment *F, uint64_t v) {
-  const int S = s->opt.max_staleness;
-  if (S == 0) return NULL;
-  const sy_hist *h = &F->hist[v % (uint64_t)S];
-  return h->valid && h->version == v ? h->data : NULL;
-}
+/* At most this many reports are held per fragment (this round's and late
+ * ones): a learner reports once per round, and merges empty the list. */
+#define MAX_HELD 256
 
 static void on_report(distro_syncer *s, route r, sy_learner *l, const distro__sy_msg *m, const uint8_t *pl,
                       size_t pn) {
@@ -349,7 +468,8 @@ static void on_report(distro_syncer *s, route r, sy_learner *l, const distro__sy
            (unsigned long long)m->b, (unsigned long long)F->version);
     return;
   }
-  if (m->b < F->version && (F->version - m->b > (uint64_t)s->opt.max_staleness || !history(s, F, m->b))) {
+  if (m->b < F->version &&
+      (F->version - m->b > (uint64_t)s->opt.max_staleness || !distro__syncer_history(s, F, m->b))) {
     reject(s, r, m->learner, DISTRO_SYNC_E_STALE, m->type, p, m->a,
            "base version %llu is %llu behind %llu (bound %d%s)", (unsigned long long)m->b,
            (unsigned long long)(F->version - m->b), (unsigned long long)F->version, s->opt.max_staleness,
@@ -368,9 +488,27 @@ static void on_report(distro_syncer *s, route r, sy_learner *l, const distro__sy
     }
   }
   const int late = !(F->open && m->a == F->round);
+  /* An unmerged earlier report of this learner on the same base (its round
+   * was abandoned) is contained in this one: it goes. */
+  for (int i = 0; i < F->nrep;)
+    if (F->rep[i].learner == (int)m->learner && F->rep[i].round < m->a && F->rep[i].base == m->b) {
+      free(F->rep[i].enc);
+      F->rep[i] = F->rep[--F->nrep];
+    } else {
+      i++;
+    }
   int slot = -1;
   for (int i = 0; i < F->nrep; i++)
     if (F->rep[i].learner == (int)m->learner && F->rep[i].round == m->a) slot = i;
+  if (slot < 0 && F->nrep == MAX_HELD) {
+    /* Full: the oldest late report goes (there is one unless 256 learners answered this round). */
+    int old = -1;
+    for (int i = 0; i < F->nrep; i++)
+      if (F->rep[i].late && (old < 0 || F->rep[i].round < F->rep[old].round)) old = i;
+    if (old < 0) return;
+    free(F->rep[old].enc);
+    F->rep[old] = F->rep[--F->nrep];
+  }
   if (slot < 0) {
     if (F->nrep == F->cap) {
       const int nc = F->cap ? 2 * F->cap : 8;
@@ -385,7 +523,7 @@ static void on_report(distro_syncer *s, route r, sy_learner *l, const distro__sy
   sy_report *rp = &F->rep[slot];
   uint8_t *enc = realloc(rp->enc, pn);
   if (!enc) {
-    F->nrep--;
+    F->rep[slot] = F->rep[--F->nrep];
     return;
   }
   memcpy(enc, pl, pn);
@@ -403,7 +541,24 @@ static void on_report(distro_syncer *s, route r, sy_learner *l, const distro__sy
   pthread_mutex_unlock(&s->mu);
 }
 
-static void handle(distro_syncer *s, distro__sy_frames *fr, double now) {
+/* The largest payload of each type the syncer accepts (0: none), checked
+ * before the CRC is computed or anything is copied; -1: not a type the
+ * syncer accepts. */
+static int64_t payload_cap(const distro_syncer *s, int type) {
+  const distro__sy_layout *L = &s->L;
+  switch (type) {
+    case DISTRO__SY_HELLO: return DISTRO__SY_HELLO_MAX;
+    case DISTRO__SY_SEED: return s->have_layout ? 8 * (int64_t)L->P + 4 * L->total : 0;
+    case DISTRO__SY_REPORT: return s->initialized ? (int64_t)L->max_frag_bytes : 0;
+    case DISTRO__SY_UPLOAD: return s->initialized ? 4 * L->maxf : 0;
+    case DISTRO__SY_HEARTBEAT:
+    case DISTRO__SY_FETCH:
+    case DISTRO__SY_BYE: return 0;
+  }
+  return -1;
+}
+
+void distro__syncer_handle(distro_syncer *s, distro__sy_frames *fr, double now) {
   route r = {fr->n > 0 ? fr->data[0] : NULL, fr->n > 0 ? fr->size[0] : 0};
   char why[256];
   distro__sy_msg m;
@@ -412,16 +567,32 @@ static void handle(distro_syncer *s, distro__sy_frames *fr, double now) {
            fr->n - 1 + fr->truncated);
     return;
   }
-  const uint8_t *pl = fr->n == 3 ? fr->data[2] : NULL;
+  const uint8_t *hdr = fr->data[1], *pl = fr->n == 3 ? fr->data[2] : NULL;
   const size_t pn = fr->n == 3 ? fr->size[2] : 0;
-  int code = distro__sy_decode(fr->data[1], fr->size[1], pl, pn, &m, why, sizeof why);
+  const uint32_t claimed = fr->size[1] >= 12 ? distro__get_u32(hdr + 8) : DISTRO__SY_NONE;
+  int code = distro__sy_peek(hdr, fr->size[1], pn, &m, why, sizeof why);
   if (code) {
-    reject(s, r, fr->size[1] >= 12 ? distro__get_u32((const uint8_t *)fr->data[1] + 8) : DISTRO__SY_NONE, code, 0,
-           DISTRO__SY_NONE, 0, "%s", why);
+    reject(s, r, claimed, code, 0, DISTRO__SY_NONE, 0, "%s", why);
+    return;
+  }
+  const int64_t cap = payload_cap(s, m.type);
+  if (cap < 0) {
+    reject(s, r, m.learner, DISTRO_SYNC_E_MALFORMED, m.type, DISTRO__SY_NONE, 0, "%s is not sent to the syncer",
+           distro__sy_type_name(m.type));
+    return;
+  }
+  if ((int64_t)pn > cap) {
+    reject(s, r, m.learner, DISTRO_SYNC_E_MALFORMED, m.type, DISTRO__SY_NONE, 0,
+           "%s payload of %zu bytes (at most %lld here)", distro__sy_type_name(m.type), pn, (long long)cap);
+    return;
+  }
+  code = distro__sy_verify(hdr, pl, pn, &m, why, sizeof why);
+  if (code) {
+    reject(s, r, m.learner, code, m.type, DISTRO__SY_NONE, 0, "%s", why);
     return;
   }
   if (m.type == DISTRO__SY_HELLO) {
-    on_hello(s, r, &m, pl, pn, now);
+    on_hello(s, r, &m, pl, pn, fr->user, now);
     return;
   }
   sy_learner *l = authenticate(s, r, &m);
@@ -433,12 +604,6 @@ static void handle(distro_syncer *s, distro__sy_frames *fr, double now) {
     }
     return;
   }
-  if (m.type != DISTRO__SY_SEED && m.type != DISTRO__SY_REPORT && m.type != DISTRO__SY_HEARTBEAT &&
-      m.type != DISTRO__SY_FETCH && m.type != DISTRO__SY_UPLOAD) {
-    reject(s, r, m.learner, DISTRO_SYNC_E_MALFORMED, m.type, DISTRO__SY_NONE, 0, "%s is not sent to the syncer",
-           distro__sy_type_name(m.type));
-    return;
-  }
   if (!l) {
     reject(s, r, m.learner, DISTRO_SYNC_E_UNKNOWN, m.type, m.fragment, m.a,
            "learner %u has not joined, timed out, or belongs to another connection; say hello", (unsigned)m.learner);
@@ -446,7 +611,7 @@ static void handle(distro_syncer *s, distro__sy_frames *fr, double now) {
   }
   l->last_seen = now;
   if (m.type == DISTRO__SY_SEED) {
-    on_seed(s, r, l, &m, pl, pn);
+    on_seed(s, r, l, &m, pl, pn, now);
     return;
   }
   if (!s->initialized) {
@@ -455,366 +620,51 @@ static void handle(distro_syncer *s, distro__sy_frames *fr, double now) {
   }
   switch (m.type) {
     case DISTRO__SY_HEARTBEAT:
+      if (m.b & ~(uint64_t)DISTRO__SY_HB_READY) {
+        reject(s, r, m.learner, DISTRO_SYNC_E_MALFORMED, m.type, DISTRO__SY_NONE, 0,
+               "HEARTBEAT with unknown flag bits 0x%llx", (unsigned long long)m.b);
+        break;
+      }
       if (m.e > 0) l->step_s = m.e;
-      if ((m.b & 1u) && !l->ready) {
+      if ((m.b & DISTRO__SY_HB_READY) && !l->ready) {
         l->ready = 1;
         distro__syncer_log(s, "learner %u is ready (serves its state at %s)", (unsigned)m.learner, l->endpoint);
       }
       break;
-    case DISTRO__SY_FETCH: send_state(s, l, m.learner); break;
-    case DISTRO__SY_UPLOAD: on_upload(s, r, &m, pl, pn); break;
+    case DISTRO__SY_FETCH: on_fetch(s, r, l, m.learner, now); break;
+    case DISTRO__SY_UPLOAD: on_upload(s, r, l, &m, pl, pn); break;
     case DISTRO__SY_REPORT: on_report(s, r, l, &m, pl, pn); break;
     default: break;
   }
-}
-
-/* ------------------------------------------------------------- ZAP */
-
-static void zap_serve(distro_syncer *s) {
-  for (;;) {
-    distro__sy_frames f;
-    zmq_msg_t parts[8];
-    int n = 0, more = 1;
-    (void)f;
-    while (more && n < 8) {
-      zmq_msg_init(&parts[n]);
-      if (zmq_msg_recv(&parts[n], s->zap, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
-        zmq_msg_close(&parts[n]);
-        if (n == 0) return;
-        break;
-      }
-      more = zmq_msg_more(&parts[n]);
-      n++;
-    }
-    int ok = 0;
-    if (n >= 7 && zmq_msg_size(&parts[5]) == 5 && memcmp(zmq_msg_data(&parts[5]), "CURVE", 5) == 0 &&
-        zmq_msg_size(&parts[6]) == 32) {
-      ok = s->nallowed == 0;
-      for (int i = 0; i < s->nallowed && !ok; i++) ok = memcmp(s->allowed + 32 * i, zmq_msg_data(&parts[6]), 32) == 0;
-    }
-    if (!ok) distro__syncer_log(s, "refused a connection: CURVE client key not allowed");
-    if (n >= 2) {
-      zmq_send(s->zap, "1.0", 3, ZMQ_SNDMORE);
-      zmq_send(s->zap, zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), ZMQ_SNDMORE);
-      zmq_send(s->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
-      zmq_send(s->zap, ok ? "OK" : "key not allowed", ok ? 2 : 15, ZMQ_SNDMORE);
-      zmq_send(s->zap, "", 0, ZMQ_SNDMORE);
-      zmq_send(s->zap, "", 0, 0);
-    }
-    for (int i = 0; i < n; i++) zmq_msg_close(&parts[i]);
-  }
-}
-
-/* -------------------------------------------------- schedule and merges */
-
-static int cmp_d(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median_step(distro_syncer *s) {
-  double v[DISTRO__SY_MAX_LEARNERS];
-  int n = 0;
-  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
-    if (s->learners[i] && s->learners[i]->alive && s->learners[i]->ready && s->learners[i]->step_s > 0)
-      v[n++] = s->learners[i]->step_s;
-  if (!n) return 0;
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static double interval(distro_syncer *s) {
-  if (s->opt.interval_s > 0) return s->opt.interval_s;
-  const double st = median_step(s);
-  return st > 0 ? s->opt.H * st / s->L.P : 0.25;
-}
-
-static void open_round(distro_syncer *s, int p, double now) {
-  sy_fragment *F = &s->frag[p];
-  int asked = 0;
-  memset(F->asked, 0, sizeof F->asked);
-  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
-    if (s->learners[i] && s->learners[i]->alive && s->learners[i]->ready) F->asked[i] = 1, asked++;
-  if (!asked) return;
-  F->round++;
-  F->open = 1;
-  F->t_open = now;
-  F->t_quorum = -1;
-  F->grace = 0;
-  distro__sy_msg m = {0};
-  m.type = DISTRO__SY_REQUEST;
-  m.fragment = (uint32_t)p;
-  m.a = F->round;
-  m.b = F->version;
-  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
-    if (F->asked[i]) {
-      m.learner = (uint32_t)i;
-      send_to(s, s->learners[i], &m, NULL);
-    }
-}
-
-static void drop_reports(sy_fragment *F) {
-  for (int i = 0; i < F->nrep; i++) free(F->rep[i].enc);
-  F->nrep = 0;
-}
-
-static int ensure_deltas(distro_syncer *s, int n) {
-  if (n <= s->deltas_cap) return 0;
-  float **nd = realloc(s->deltas, sizeof *nd * (size_t)n);
-  if (!nd) return -1;
-  s->deltas = nd;
-  for (int i = s->deltas_cap; i < n; i++) {
-    nd[i] = malloc(sizeof(float) * (size_t)s->maxf);
-    if (!nd[i]) return -1;
-    s->deltas_cap = i + 1;
-  }
-  return 0;
-}
-
-static void merge(distro_syncer *s, int p, double now) {
-  sy_fragment *F = &s->frag[p];
-  const distro__fragments *f = &s->L.frags;
-  const int64_t n = f->numel[p];
-  const int nr = F->nrep;
-  const double t0 = distro__sy_now();
-  double tok[256], stp[256], w[256];
-  if (nr > 256 || ensure_deltas(s, nr) != 0) {
-    distro__syncer_log(s, "fragment %d: %d reports, cannot merge (memory)", p, nr);
-    drop_reports(F);
-    F->open = 0;
-    return;
-  }
-  uint64_t bytes_in = 0, tokens = 0;
-  uint32_t mask = 0;
-  for (int i = 0; i < nr; i++) {
-    const sy_report *rp = &F->rep[i];
-    float *d = s->deltas[i];
-    for (int q = f->start[p]; q < f->start[p + 1]; q++)
-      distro__outer_decode(s->L.codec, rp->enc + s->L.piece_byte[q], f->pieces[q].count, s->L.block,
-                           d + s->L.piece_elem[q]);
-    if (rp->base < F->version) {
-      /* Re-anchor at the current copy: Theta_now - theta_m = delta + (Theta_now - Theta_base). */
-      const float *old = history(s, F, rp->base);
-      if (old)
-        for (int64_t j = 0; j < n; j++) d[j] += F->global[j] - old[j];
-    }
-    tok[i] = rp->tokens;
-    tokens += (uint64_t)rp->tokens;
-    stp[i] = rp->steps;
-    bytes_in += s->L.frag_bytes[p] + DISTRO__SY_HEADER;
-    if (rp->learner < 32) mask |= 1u << rp->learner;
-  }
-  distro__outer_weights(s->opt.merge, nr, tok, stp, w);
-  float *g = s->scratch, *sm = s->scratch + s->maxf, *keep = s->scratch + 2 * s->maxf;
-  float coef[2 * 256];
-  double nrm[256];
-  distro__sy_merge(&s->L, p, s->opt.merge, nr, (const float *const *)s->deltas, w, g, coef, nrm);
-  memcpy(keep, F->global, sizeof(float) * (size_t)n);
-  /* New global into g (in place), new momentum into sm; committed below. */
-  const int ok = distro__outer_step(F->global, F->mom, g, n, s->opt.outer_lr, s->opt.outer_momentum, s->opt.nesterov,
-                                    g, sm);
-  pthread_mutex_lock(&s->mu);
-  if (ok) {
-    memcpy(F->mom, sm, sizeof(float) * (size_t)n);
-    memcpy(F->global, g, sizeof(float) * (size_t)n);
-    F->version++;
-    s->merges++;
-  }
-  pthread_mutex_unlock(&s->mu);
-  if (!ok) {
-    distro__syncer_log(s, "fragment %d: merge dropped: the merged outer gradient or the outer step overflowed", p);
-    drop_reports(F);
-    F->open = 0;
-    return;
-  }
-  if (s->opt.max_staleness > 0) {
-    sy_hist *h = &F->hist[(F->version - 1) % (uint64_t)s->opt.max_staleness];
-    if (!h->data) h->data = malloc(sizeof(float) * (size_t)s->maxf);
-    if (h->data) {
-      memcpy(h->data, keep, sizeof(float) * (size_t)n);
-      h->version = F->version - 1;
-      h->valid = 1;
-    }
-  }
-  /* Send the new fragment to every live learner, telling each which of its
-   * reports went in. */
-  distro__sy_msg m = {0};
-  m.type = DISTRO__SY_FRAGMENT;
-  m.fragment = (uint32_t)p;
-  m.a = F->round;
-  m.b = F->version;
-  m.payload_bytes = (uint32_t)(4 * n);
-  uint64_t bytes_out = 0;
-  int live = 0;
-  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++) {
-    sy_learner *l = s->learners[i];
-    if (!l || !l->alive) continue;
-    live++;
-    uint64_t cnt = 0, newest = 0;
-    for (int k = 0; k < nr; k++)
-      if (F->rep[k].learner == i) {
-        cnt++;
-        if (F->rep[k].round + 1 > newest) newest = F->rep[k].round + 1;
-      }
-    l->merged += cnt;
-    m.learner = (uint32_t)i;
-    m.c = cnt;
-    m.d = newest;
-    send_to(s, l, &m, F->global);
-    bytes_out += 4 * (uint64_t)n + DISTRO__SY_HEADER;
-  }
-  const double t1 = distro__sy_now();
-  distro_sync_merge_info info;
-  memset(&info, 0, sizeof info);
-  info.fragment = p;
-  info.version = F->version;
-  info.round = F->round;
-  int asked_live = 0;
-  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
-    if (F->asked[i] && s->learners[i] && s->learners[i]->alive) asked_live++;
-  info.quorum = s->opt.quorum < asked_live ? s->opt.quorum : asked_live > 0 ? asked_live : 1;
-  info.live = live;
-  info.participants = nr;
-  info.participant_mask = mask;
-  info.time_to_quorum_s = F->t_quorum >= 0 ? F->t_quorum - F->t_open : 0;
-  info.grace_s = F->grace;
-  info.waited_s = now - F->t_open;
-  info.merge_s = t1 - t0;
-  info.bytes_in = bytes_in;
-  info.bytes_out = bytes_out;
-  info.tokens = tokens;
-  char ids[160];
-  size_t o = 0;
-  ids[0] = 0;
-  for (int k = 0; k < nr && o + 8 < sizeof ids; k++)
-    o += (size_t)snprintf(ids + o, sizeof ids - o, "%s%d%s", k ? "," : "", F->rep[k].learner, F->rep[k].late ? "*" : "");
-  distro__syncer_log(s,
-                     "merge frag=%d version=%llu round=%llu quorum=%d live=%d participants=%d ids=%s "
-                     "to_quorum=%.4f grace=%.4f waited=%.4f merge=%.5f bytes_in=%llu bytes_out=%llu tokens=%llu",
-                     p, (unsigned long long)F->version, (unsigned long long)F->round, info.quorum, live, nr, ids,
-                     info.time_to_quorum_s, info.grace_s, info.waited_s, info.merge_s,
-                     (unsigned long long)bytes_in, (unsigned long long)bytes_out, (unsigned long long)tokens);
-  if (s->merge_fn) s->merge_fn(s->merge_ctx, &info);
-  drop_reports(F);
-  F->open = 0;
-  s->ema_sync = s->ema_n ? 0.8 * s->ema_sync + 0.2 * info.merge_s : info.merge_s;
-  pthread_mutex_lock(&s->mu);
-  s->merges_here++;
-  s->merge_s_sum += info.merge_s;
-  if (info.merge_s > s->merge_s_max) s->merge_s_max = info.merge_s;
-  pthread_mutex_unlock(&s->mu);
-  if (s->opt.checkpoint && s->merges % (uint64_t)s->opt.checkpoint_every == 0) {
-    pthread_mutex_lock(&s->mu);
-    distro_status cs = distro__syncer_ckpt_save(s);
-    if (cs == DISTRO_OK) s->checkpoints++;
-    pthread_mutex_unlock(&s->mu);
-    if (cs != DISTRO_OK) distro__syncer_log(s, "checkpoint failed: %s", distro_last_error());
-  }
-}
-
-static void rounds(distro_syncer *s, double now) {
-  const int P = s->L.P;
-  for (int p = 0; p < P; p++) {
-    sy_fragment *F = &s->frag[p];
-    if (!F->open) continue;
-    int asked_live = 0, reported = 0, asked_reported = 0;
-    for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
-      if (F->asked[i] && s->learners[i] && s->learners[i]->alive) asked_live++;
-    for (int k = 0; k < F->nrep; k++)
-      if (!F->rep[k].late) {
-        reported++;
-        const int id = F->rep[k].learner;
-        if (F->asked[id] && s->learners[id] && s->learners[id]->alive) asked_reported++;
-      }
-    if (asked_live == 0 && reported == 0) {
-      if (now - F->t_open > s->opt.timeout_s) {
-        distro__syncer_log(s, "fragment %d: round %llu abandoned (nobody left to report)", p,
-                           (unsigned long long)F->round);
-        drop_reports(F);
-        F->open = 0;
-      }
-      continue;
-    }
-    const int K = s->opt.quorum < asked_live ? s->opt.quorum : asked_live > 0 ? asked_live : 1;
-    if (reported < K) continue;
-    if (F->t_quorum < 0) {
-      F->t_quorum = now;
-      const double ttq = now - F->t_open;
-      s->ema_quorum = s->ema_n ? 0.8 * s->ema_quorum + 0.2 * ttq : ttq;
-      s->ema_n++;
-      const double g = s->opt.grace_gamma * (s->opt.overlap * median_step(s) - s->ema_quorum - s->ema_sync);
-      F->grace = g > 0 ? g : 0;
-    }
-    if (now >= F->t_quorum + F->grace || asked_reported >= asked_live) merge(s, p, now);
-  }
-}
-
-static void liveness(distro_syncer *s, double now) {
-  int live = 0;
-  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++) {
-    sy_learner *l = s->learners[i];
-    if (!l || !l->alive) continue;
-    if (now - l->last_seen > s->opt.timeout_s) {
-      l->alive = 0;
-      l->ready = 0;
-      distro__syncer_log(s, "learner %d timed out (silent %.2f s); it leaves the quorum", i, now - l->last_seen);
-      if (s->seeder == i) s->seeder = -1;
-      continue;
-    }
-    live++;
-  }
-  pthread_mutex_lock(&s->mu);
-  s->live_now = live;
-  pthread_mutex_unlock(&s->mu);
 }
 
 distro_status distro_syncer_run(distro_syncer *s) {
   if (!s) return distro__fail(DISTRO_ERR_INVALID, "syncer is NULL");
   zmq_pollitem_t items[2] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
   const int nitems = s->zap ? 2 : 1;
-  double next_hb = 0;
-  s->seeder = -1;
+  s->next_hb = 0;
   s->next_open = distro__sy_now();
+  s->t_progress = s->next_open;
+  s->fetch_t = s->next_open;
+  s->fetch_tokens = 4;
   distro__syncer_log(s, "syncer epoch %llu serving on %s%s", (unsigned long long)s->epoch, s->endpoint,
-                     s->curve ? " (CURVE)" : "");
+                     s->curve ? (s->nallowed ? " (CURVE, allowed keys only)" : " (CURVE)") : " (no CURVE)");
   while (!atomic_load(&s->stop)) {
     if (zmq_poll(items, nitems, 5) < 0 && zmq_errno() != EINTR)
       return distro__fail(DISTRO_ERR_COMM, "zmq_poll: %s", zmq_strerror(zmq_errno()));
-    if (s->zap) zap_serve(s);
+    if (s->zap) {
+      const int refused = distro__sy_zap_serve(s->zap, s->allowed, s->nallowed);
+      if (refused) distro__syncer_log(s, "refused %d connection(s): CURVE client key not allowed", refused);
+    }
     double now = distro__sy_now();
     for (int budget = 0; budget < 256; budget++) {
       distro__sy_frames fr;
       const int got = distro__sy_recv(s->router, &fr);
       if (got <= 0) break;
-      handle(s, &fr, now);
+      distro__syncer_handle(s, &fr, now);
       distro__sy_frames_free(&fr);
     }
-    now = distro__sy_now();
-    liveness(s, now);
-    if (now >= next_hb) {
-      distro__sy_msg m = {0};
-      m.type = DISTRO__SY_HEARTBEAT;
-      m.fragment = DISTRO__SY_NONE;
-      m.a = s->merges;
-      for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
-        if (s->learners[i] && s->learners[i]->alive) {
-          m.learner = (uint32_t)i;
-          send_to(s, s->learners[i], &m, NULL);
-        }
-      next_hb = now + s->opt.heartbeat_s;
-    }
-    if (!s->initialized) continue;
-    if (now >= s->next_open) {
-      const int p = s->next_p;
-      if (!s->frag[p].open && count_live(s, 1) > 0) {
-        open_round(s, p, now);
-        s->next_p = (p + 1) % s->L.P;
-        s->next_open = now + interval(s);
-      } else {
-        s->next_open = now + 0.25 * interval(s);
-      }
-    }
-    rounds(s, now);
+    distro__syncer_tick(s, distro__sy_now());
   }
   return DISTRO_OK;
 }

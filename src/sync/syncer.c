@@ -1,25 +1,18 @@
-/* The syncer service: one thread, one ROUTER socket, every fragment's round
- * driven by the clock (docs/protocol.md, ALGORITHMS.md section 4).
- *
- * Per fragment p the syncer opens a round every P intervals: it asks every
- * live learner to REPORT its outer gradient, waits for a quorum of
- * min(K, live) reports, then for the adaptive grace window
- * max(0, gamma (tau step - t_quorum - t_sync)) (moving averages) or until
- * every learner asked has answered, merges everything it holds for p (late
- * reports of earlier rounds included, re-anchored at the current copy),
- * takes a Nesterov outer step and sends the new fragment to every live
- * learner. Rounds of different fragments overlap in time. Bad messages get
- * an ERROR reply and a log line and change nothing. */
+/* The syncer service: options, lifecycle and the thread-safe queries. The
+ * event loop is serve.c (messages) and rounds.c (schedule, rounds, merges);
+ * docs/protocol.md, ALGORITHMS.md section 4. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "compress/outer_codec.h"
 #include "sync/syncer_internal.h"
@@ -46,6 +39,7 @@ distro_syncer_options distro_syncer_options_default(void) {
   o.timeout_s = 2.0;
   o.checkpoint_every = 10;
   o.resume = 1;
+  o.max_params = (int64_t)1 << 26;
   return o;
 }
 
@@ -60,15 +54,13 @@ void distro__syncer_log(distro_syncer *s, const char *fmt, ...) {
 }
 
 static distro_status check_options(const distro_syncer_options *o) {
-  if (!o || o->version != DISTRO_SYNCER_OPTIONS_VERSION)
-    return distro__fail(DISTRO_ERR_INVALID, "syncer options: NULL or version %d (want %d)", o ? o->version : -1,
-                        DISTRO_SYNCER_OPTIONS_VERSION);
   if (!o->endpoint) return distro__fail(DISTRO_ERR_INVALID, "syncer options: endpoint is NULL");
-  if (o->fragments < 1 || o->fragments > 4096)
-    return distro__fail(DISTRO_ERR_INVALID, "syncer options: fragments %d not in [1, 4096]", o->fragments);
-  if (!distro__outer_codec_known(o->codec) || o->codec_block < 1)
-    return distro__fail(DISTRO_ERR_INVALID, "syncer options: unknown codec %d or block %d", (int)o->codec,
-                        o->codec_block);
+  if (o->fragments < 1 || o->fragments > DISTRO__SY_MAX_FRAGMENTS)
+    return distro__fail(DISTRO_ERR_INVALID, "syncer options: fragments %d not in [1, %d]", o->fragments,
+                        DISTRO__SY_MAX_FRAGMENTS);
+  if (!distro__outer_codec_known(o->codec) || o->codec_block < 1 || o->codec_block > DISTRO__SY_MAX_BLOCK)
+    return distro__fail(DISTRO_ERR_INVALID, "syncer options: unknown codec %d or block %d not in [1, %d]",
+                        (int)o->codec, o->codec_block, DISTRO__SY_MAX_BLOCK);
   if ((int)o->merge < 0 || (int)o->merge > DISTRO_MERGE_RADIAL_TOKENS)
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: unknown merge %d", (int)o->merge);
   if ((int)o->fragmenting < 0 || (int)o->fragmenting > DISTRO_FRAG_SEQUENTIAL)
@@ -79,18 +71,36 @@ static distro_status check_options(const distro_syncer_options *o) {
   if (o->quorum < 1) return distro__fail(DISTRO_ERR_INVALID, "syncer options: quorum %d < 1", o->quorum);
   if (!(o->grace_gamma >= 0 && o->grace_gamma <= 1))
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: grace_gamma %g not in [0, 1]", o->grace_gamma);
-  if (o->overlap < 0 || o->H < 1 || o->max_staleness < 0 || o->max_staleness > 64)
+  if (o->overlap < 0 || o->overlap > DISTRO__SY_MAX_TAU || o->H < 1 || o->max_staleness < 0 || o->max_staleness > 64)
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: overlap %d, H %d or max_staleness %d out of range",
                         o->overlap, o->H, o->max_staleness);
-  if (!(o->interval_s >= 0) || !(o->heartbeat_s > 0) || !(o->timeout_s > o->heartbeat_s))
-    return distro__fail(DISTRO_ERR_INVALID,
-                        "syncer options: need interval_s >= 0, heartbeat_s > 0 and timeout_s > heartbeat_s");
+  if (!(o->interval_s >= 0) || !isfinite(o->interval_s) || !(o->heartbeat_s > 0) || !(o->timeout_s > o->heartbeat_s) ||
+      !isfinite(o->timeout_s) || !(o->round_timeout_s >= 0) || !isfinite(o->round_timeout_s))
+    return distro__fail(DISTRO_ERR_INVALID, "syncer options: need finite interval_s >= 0, heartbeat_s > 0, "
+                                            "timeout_s > heartbeat_s and round_timeout_s >= 0");
+  if (o->max_params < 1 || o->max_params > DISTRO__SY_MAX_NUMEL)
+    return distro__fail(DISTRO_ERR_INVALID, "syncer options: max_params %lld not in [1, %lld]",
+                        (long long)o->max_params, (long long)DISTRO__SY_MAX_NUMEL);
   if (o->checkpoint && o->checkpoint_every < 1)
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: checkpoint_every %d < 1", o->checkpoint_every);
+  if (o->curve_allowed && !o->curve_keypair)
+    return distro__fail(DISTRO_ERR_INVALID, "syncer options: curve_allowed needs curve_keypair (allowed keys are "
+                                            "checked in the CURVE handshake)");
+  char why[300];
+  const int local = distro__sy_endpoint_check(o->endpoint, 1, why, sizeof why);
+  if (local < 0) return distro__fail(DISTRO_ERR_INVALID, "syncer options: %s", why);
+  if (!local && !o->curve_keypair && !o->insecure)
+    return distro__fail(DISTRO_ERR_INVALID,
+                        "syncer options: refusing to serve '%s' without CURVE: anyone who reaches it could join, "
+                        "download the model and send reports (give curve_keypair, or set insecure)",
+                        o->endpoint);
+  /* Fail now, not at the first checkpoint an hour later. */
+  if (o->checkpoint && distro__afile_check(o->checkpoint) != DISTRO_OK)
+    return distro__fail(DISTRO_ERR_IO, "syncer options: checkpoint: %s", distro_last_error());
   return DISTRO_OK;
 }
 
-static void free_state(distro_syncer *s) {
+void distro__syncer_free_state(distro_syncer *s) {
   if (s->frag) {
     for (int p = 0; p < s->L.P; p++) {
       sy_fragment *F = &s->frag[p];
@@ -108,36 +118,36 @@ static void free_state(distro_syncer *s) {
   }
   free(s->scratch);
   s->scratch = NULL;
+  for (int i = 0; i < s->deltas_cap; i++) free(s->deltas[i]);
   free(s->deltas);
   s->deltas = NULL;
   s->deltas_cap = 0;
   distro__sy_layout_destroy(&s->L);
   s->have_layout = 0;
   s->initialized = 0;
+  s->provisional = 0;
 }
 
 distro_status distro__syncer_alloc_state(distro_syncer *s) {
   distro_status st = DISTRO_OK;
   const int P = s->L.P;
-  int64_t maxf = 1;
+  const int64_t maxf = s->L.maxf > 0 ? s->L.maxf : 1;
   s->frag = calloc((size_t)P, sizeof *s->frag);
   if (!s->frag) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   for (int p = 0; p < P; p++) {
     sy_fragment *F = &s->frag[p];
     const int64_t n = s->L.frags.numel[p];
-    if (n > maxf) maxf = n;
     F->global = calloc((size_t)n, sizeof(float));
     F->mom = calloc((size_t)n, sizeof(float));
     if (s->opt.max_staleness > 0) F->hist = calloc((size_t)s->opt.max_staleness, sizeof *F->hist);
     if (!F->global || !F->mom || (s->opt.max_staleness > 0 && !F->hist))
       DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   }
-  s->maxf = maxf;
   s->scratch = malloc(sizeof(float) * (size_t)maxf * 3); /* merged gradient, momentum, previous global */
   if (!s->scratch) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   return DISTRO_OK;
 fail:
-  free_state(s);
+  distro__syncer_free_state(s);
   return st;
 }
 
@@ -147,42 +157,20 @@ static int zap_setup(distro_syncer *s) {
   return zmq_bind(s->zap, "inproc://zeromq.zap.01");
 }
 
-static distro_status load_allowed(distro_syncer *s, const char *path) {
-  distro_status st = DISTRO_OK;
-  FILE *f = fopen(path, "r");
-  char line[256];
-  if (!f) return distro__fail(DISTRO_ERR_IO, "cannot open allowed-keys file '%s': %s", path, strerror(errno));
-  while (fgets(line, sizeof line, f)) {
-    char *k = line;
-    while (*k == ' ' || *k == '\t') k++;
-    if (*k == '#' || *k == '\n' || *k == 0) continue;
-    if (strncmp(k, "public", 6) == 0) {
-      k += 6;
-      while (*k == ' ' || *k == '\t') k++;
-      if (*k == '=') k++;
-      while (*k == ' ' || *k == '\t') k++;
-    }
-    size_t n = 0;
-    while (k[n] && k[n] != '\n' && k[n] != '\r' && k[n] != ' ') n++;
-    if (n != 40) DISTRO_FAIL(DISTRO_ERR_IO, "allowed-keys file '%s': a key is not 40 Z85 characters", path);
-    k[40] = 0;
-    uint8_t *nk = realloc(s->allowed, (size_t)(s->nallowed + 1) * 32);
-    if (!nk) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-    s->allowed = nk;
-    if (!zmq_z85_decode(s->allowed + 32 * s->nallowed, k))
-      DISTRO_FAIL(DISTRO_ERR_IO, "allowed-keys file '%s': bad Z85 key", path);
-    s->nallowed++;
-  }
-fail:
-  fclose(f);
-  return st;
-}
-
 distro_status distro_syncer_create(const distro_syncer_options *o, distro_syncer **out) {
   distro_status st = DISTRO_OK;
   distro_syncer *s = NULL;
+  char sec[41] = "";
   if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_syncer_create: out is NULL");
   *out = NULL;
+  if (!o || (o->version != DISTRO_SYNCER_OPTIONS_VERSION && o->version != 1))
+    return distro__fail(DISTRO_ERR_INVALID, "syncer options: NULL or version %d (want 1 or %d)", o ? o->version : -1,
+                        DISTRO_SYNCER_OPTIONS_VERSION);
+  distro_syncer_options oo = distro_syncer_options_default();
+  /* Version 1 ends before `insecure`. */
+  memcpy(&oo, o, o->version == 1 ? offsetof(distro_syncer_options, insecure) : sizeof oo);
+  if (oo.max_params == 0) oo.max_params = distro_syncer_options_default().max_params;
+  o = &oo;
   DISTRO_CHECK(check_options(o));
   s = calloc(1, sizeof *s);
   if (!s) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
@@ -198,6 +186,7 @@ distro_status distro_syncer_create(const distro_syncer_options *o, distro_syncer
   s->opt.curve_keypair = NULL;
   s->opt.curve_allowed = NULL;
   s->epoch = 1;
+  s->seeder = -1;
   if (o->checkpoint && o->resume) {
     int found = 0;
     DISTRO_CHECK(distro__syncer_ckpt_load(s, &found));
@@ -206,33 +195,45 @@ distro_status distro_syncer_create(const distro_syncer_options *o, distro_syncer
   s->ctx = zmq_ctx_new();
   if (!s->ctx) DISTRO_FAIL(DISTRO_ERR_COMM, "zmq_ctx_new: %s", zmq_strerror(errno));
   if (o->curve_keypair) {
-    char pub[41], sec[41];
+    char pub[41];
     DISTRO_CHECK(distro__sy_read_key(o->curve_keypair, pub, sec));
-    if (o->curve_allowed) DISTRO_CHECK(load_allowed(s, o->curve_allowed));
+    if (o->curve_allowed) DISTRO_CHECK(distro__sy_load_allowed(o->curve_allowed, &s->allowed, &s->nallowed));
+    /* The ZAP handler vouches for every client's key, which ties learner ids to keys. */
     if (zap_setup(s) != 0) DISTRO_FAIL(DISTRO_ERR_COMM, "ZAP handler: %s", zmq_strerror(errno));
-    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
-    if (!s->router) DISTRO_FAIL(DISTRO_ERR_COMM, "zmq_socket: %s", zmq_strerror(errno));
+  }
+  s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
+  if (!s->router) DISTRO_FAIL(DISTRO_ERR_COMM, "zmq_socket: %s", zmq_strerror(errno));
+  if (o->curve_keypair) {
     int one = 1;
     if (zmq_setsockopt(s->router, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
         zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, sec, 41) != 0)
       DISTRO_FAIL(DISTRO_ERR_UNSUPPORTED, "CURVE server: %s", zmq_strerror(errno));
     s->curve = 1;
-  } else {
-    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
-    if (!s->router) DISTRO_FAIL(DISTRO_ERR_COMM, "zmq_socket: %s", zmq_strerror(errno));
   }
-  int linger = 0, hwm = 10000;
-  zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
-  zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
-  zmq_setsockopt(s->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  /* The largest message a learner sends is SEED (8 P + 4 N bytes) or HELLO;
+   * ZeroMQ drops a connection that announces more, before allocating it. */
+  distro__sy_sockopts(s->router, 1000, 8 * (int64_t)o->fragments + 4 * o->max_params + DISTRO__SY_HELLO_MAX);
   if (zmq_bind(s->router, o->endpoint) != 0)
     DISTRO_FAIL(DISTRO_ERR_COMM, "cannot bind '%s': %s", o->endpoint, zmq_strerror(errno));
   size_t len = sizeof s->endpoint;
   if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
     snprintf(s->endpoint, sizeof s->endpoint, "%s", o->endpoint);
+  if (!s->curve) {
+    char why[160];
+    if (distro__sy_endpoint_check(o->endpoint, 1, why, sizeof why) > 0)
+      distro__syncer_log(s, "warning: serving %s without CURVE: any local process can join as a learner, download "
+                            "the model and send reports (docs/protocol.md, Threat model)",
+                         s->endpoint);
+    else
+      distro__syncer_log(s, "warning: serving %s without CURVE (insecure): anyone who reaches it can join as a "
+                            "learner, download the model and send reports",
+                         s->endpoint);
+  }
+  memset(sec, 0, sizeof sec);
   *out = s;
   return DISTRO_OK;
 fail:
+  memset(sec, 0, sizeof sec);
   distro_syncer_free(s);
   return st;
 }
@@ -256,7 +257,7 @@ void distro_syncer_free(distro_syncer *s) {
   if (s->router) zmq_close(s->router);
   if (s->zap) zmq_close(s->zap);
   if (s->ctx) zmq_ctx_term(s->ctx);
-  free_state(s);
+  distro__syncer_free_state(s);
   free(s->allowed);
   free(s->ckpt_path);
   if (s->mu_init) pthread_mutex_destroy(&s->mu);
@@ -270,14 +271,16 @@ distro_status distro_syncer_get_stats(distro_syncer *s, distro_syncer_stats *st)
   pthread_mutex_lock(&s->mu);
   memset(st, 0, sizeof *st);
   st->merges = s->merges;
+  st->abandoned = s->abandoned;
+  st->no_merge_s = s->initialized && s->live_now > 0 && s->t_progress > 0 ? distro__sy_now() - s->t_progress : 0;
   st->rejected = s->rejected;
   st->reports = s->reports;
   st->live = s->live_now;
   st->initialized = s->initialized;
   st->epoch = s->epoch;
   st->checkpoints = s->checkpoints;
-  st->numel = s->have_layout ? s->L.total : 0;
-  st->fragments = s->have_layout ? s->L.P : s->opt.fragments;
+  st->numel = s->initialized ? s->L.total : 0;
+  st->fragments = s->initialized ? s->L.P : s->opt.fragments;
   st->merge_s_max = s->merge_s_max;
   st->merge_s_mean = s->merges_here ? s->merge_s_sum / (double)s->merges_here : 0;
   pthread_mutex_unlock(&s->mu);

@@ -1,5 +1,6 @@
-/* Internal: syncer state shared by syncer.c (lifecycle, queries),
- * serve.c (event loop, rounds, merges) and checkpoint.c. */
+/* Internal: syncer state shared by syncer.c (lifecycle, queries), serve.c
+ * (messages from learners), rounds.c (schedule, rounds, merges, liveness)
+ * and checkpoint.c. */
 #ifndef DISTRO_SYNC_SYNCER_INTERNAL_H
 #define DISTRO_SYNC_SYNCER_INTERNAL_H
 
@@ -14,12 +15,14 @@
 typedef struct sy_learner {
   int alive;
   int ready;               /* holds a consistent copy (serves peers) */
+  int rejoined;            /* said hello with its state (may UPLOAD newer fragments) */
   uint8_t rid[256];        /* ZeroMQ routing id of its connection */
   size_t rid_n;
   double last_seen;
+  double last_fetch;       /* its last FETCH answered */
   double step_s;           /* its moving average of the step time */
   char endpoint[256];      /* where it serves its state */
-  char pubkey[41];         /* its CURVE public key (Z85) for peers, "" without CURVE */
+  char pubkey[41];         /* its CURVE public key (Z85), "" without CURVE; the connection's own key */
   uint64_t reports, merged;
 } sy_learner;
 
@@ -28,7 +31,7 @@ typedef struct sy_report {
   uint64_t round, base;
   double tokens, steps;
   uint8_t *enc;            /* encoded outer gradient (layout.frag_bytes[p]) */
-  int late;                /* arrived after its round closed */
+  int late;                /* arrived after its round closed (or its round was abandoned) */
 } sy_report;
 
 typedef struct sy_hist {
@@ -37,14 +40,23 @@ typedef struct sy_hist {
   float *data;
 } sy_hist;
 
+/* SHA-256 of a fragment's values at one version, computed when a joiner
+ * needs it (WELCOME) and kept until the version moves on. */
+typedef struct sy_digest {
+  uint64_t version;
+  int valid;
+  uint8_t hash[32];
+} sy_digest;
+
 typedef struct sy_fragment {
   float *global, *mom;
   uint64_t version;        /* merges applied (or adopted from a learner's upload) */
   uint64_t round;          /* last round opened */
   sy_hist *hist;           /* max_staleness previous versions, slot version % S */
+  sy_digest digest[2];     /* of the current and the previous version */
   /* The round in progress. */
   int open;
-  double t_open, t_quorum, grace;
+  double t_open, t_quorum, grace, deadline;
   uint8_t asked[DISTRO__SY_MAX_LEARNERS];
   sy_report *rep;          /* this round's reports and late ones of earlier rounds */
   int nrep, cap;
@@ -66,11 +78,12 @@ struct distro_syncer {
 
   uint64_t epoch;
   int have_layout, initialized;
+  int provisional;         /* the layout came from a HELLO whose learner has not seeded yet */
   int seeder;              /* learner asked to seed, -1 none */
+  double t_seed_asked;
   distro__sy_layout L;
   sy_fragment *frag;
-  int64_t maxf;
-  float *scratch;          /* 4 x maxf */
+  float *scratch;          /* 3 x L.maxf */
   float **deltas;          /* decoded reports of the round being merged */
   int deltas_cap;
   sy_learner *learners[DISTRO__SY_MAX_LEARNERS];
@@ -80,17 +93,46 @@ struct distro_syncer {
   double next_open;
   double ema_quorum, ema_sync;
   int ema_n;
+  double next_hb;
+  double t_progress;       /* last merge, or when learners became live with none */
+  double next_stall_log;
+  double fetch_tokens, fetch_t; /* rate limit of FETCH answers */
+  double log_t;            /* rate limit of reject log lines */
+  int log_n;
+  uint64_t log_dropped;
 
   /* Counters. */
-  uint64_t merges, merges_here, rejected, reports, checkpoints;
+  uint64_t merges, merges_here, rejected, reports, checkpoints, abandoned;
   int live_now;
   double merge_s_max, merge_s_sum;
 };
 
 void distro__syncer_log(distro_syncer *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 distro_status distro__syncer_alloc_state(distro_syncer *s);
+/* Drops the fragments' state and the layout (a provisional layout whose
+ * seeder went away). */
+void distro__syncer_free_state(distro_syncer *s);
 /* Checkpoint (checkpoint.c): save under s->mu; load at create. */
 distro_status distro__syncer_ckpt_save(distro_syncer *s);
 distro_status distro__syncer_ckpt_load(distro_syncer *s, int *found);
+
+/* serve.c */
+typedef struct {
+  const uint8_t *rid;
+  size_t rid_n;
+} distro__sy_route;
+void distro__syncer_handle(distro_syncer *s, distro__sy_frames *fr, double now);
+void distro__syncer_send_to(distro_syncer *s, const sy_learner *l, distro__sy_msg *m, const void *payload);
+int distro__syncer_count_live(distro_syncer *s, int ready_only);
+const float *distro__syncer_history(const distro_syncer *s, const sy_fragment *F, uint64_t v);
+
+/* rounds.c */
+/* The longest a round stays open (docs/protocol.md, "Liveness"). */
+double distro__syncer_round_bound(distro_syncer *s);
+/* A learner said hello again on a new connection (has_state) or as a
+ * fresh process: its pending requests are re-asked there, or dropped. */
+void distro__syncer_reasked(distro_syncer *s, int id, int has_state);
+/* Liveness, schedule, quorum, grace, merges, stall report. */
+void distro__syncer_tick(distro_syncer *s, double now);
 
 #endif

@@ -352,6 +352,55 @@ static int check_diloco(check_ctx *t) {
   return bad;
 }
 
+/* With a timeout set, collectives that everyone joins give the same bits
+ * as without one (they run as non-blocking calls on private copies). */
+static int check_timeout_collectives_complete(check_ctx *t) {
+  distro_comm *c = NULL;
+  int bad = 0;
+  if (distro_comm_mpi(MPI_COMM_WORLD, &c) != DISTRO_OK) return failf(t, "distro_comm_mpi: %s", distro_last_error());
+  if (distro_comm_set_timeout(c, 30.0) != DISTRO_OK) bad = failf(t, "set_timeout: %s", distro_last_error());
+  enum { N = 1000 };
+  float a[N], b[N];
+  tu_rng r = {t->seed ^ (uint64_t)(77 + t->rank)};
+  tu_fill_normal(&r, a, N, 1.0f);
+  memcpy(b, a, sizeof a);
+  if (!bad && distro_comm_allreduce_sum(c, a, N) != DISTRO_OK) bad = failf(t, "allreduce: %s", distro_last_error());
+  if (!bad && distro_comm_allreduce_sum(t->comm, b, N) != DISTRO_OK) bad = failf(t, "allreduce (no timeout)");
+  if (!bad && memcmp(a, b, sizeof a)) bad = failf(t, "allreduce with a timeout differs from without");
+  unsigned char mine[5], all[5 * 16];
+  for (int i = 0; i < 5; i++) mine[i] = pattern(t->rank, 5, (size_t)i);
+  if (!bad && t->size <= 16 && distro_comm_allgather(c, mine, 5, all) != DISTRO_OK) bad = failf(t, "allgather");
+  for (int q = 0; !bad && q < t->size && t->size <= 16; q++)
+    for (int i = 0; i < 5; i++)
+      if (all[5 * q + i] != pattern(q, 5, (size_t)i)) bad = failf(t, "allgather with a timeout: wrong byte");
+  if (!bad && distro_comm_barrier(c) != DISTRO_OK) bad = failf(t, "barrier: %s", distro_last_error());
+  distro_comm_free(c);
+  return bad;
+}
+
+/* The last rank stops (sleeps) before a barrier: the others get
+ * DISTRO_ERR_TIMEOUT instead of hanging, and their comm stays broken. */
+static int check_timeout_on_stopped_rank(check_ctx *t) {
+  distro_comm *c = NULL;
+  int bad = 0;
+  if (distro_comm_mpi(MPI_COMM_WORLD, &c) != DISTRO_OK) return failf(t, "distro_comm_mpi: %s", distro_last_error());
+  distro_comm_set_timeout(c, 0.3);
+  const int stopped = t->size - 1;
+  if (t->rank == stopped) {
+    struct timespec ts = {1, 500000000};
+    nanosleep(&ts, NULL);
+  }
+  const distro_status st = distro_comm_barrier(c);
+  if (t->rank != stopped) {
+    if (st != DISTRO_ERR_TIMEOUT) bad = failf(t, "barrier with a stopped peer: %s, want timeout", distro_status_string(st));
+    else if (!strstr(distro_last_error(), "did not complete")) bad = failf(t, "message: %s", distro_last_error());
+    float x = 1;
+    if (!bad && distro_comm_allreduce_sum(c, &x, 1) != DISTRO_ERR_TIMEOUT) bad = failf(t, "a broken comm was used again");
+  }
+  distro_comm_free(c); /* the pending barrier is left to MPI */
+  return bad;
+}
+
 static const struct {
   const char *name;
   check_fn fn;
@@ -368,6 +417,8 @@ static const struct {
     {"optimizer_distro_adamw_bf16", check_optimizer_distro_adamw},
     {"optimizer_adamw_allreduce", check_optimizer_adamw},
     {"diloco_learners_mpi_vs_in_process", check_diloco},
+    {"timeout_collectives_complete", check_timeout_collectives_complete},
+    {"timeout_on_stopped_rank", check_timeout_on_stopped_rank},
 };
 
 int main(int argc, char **argv) {

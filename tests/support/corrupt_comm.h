@@ -43,11 +43,11 @@ static distro_status tu_corrupt_barrier(distro_comm *c) {
   return k->inner->ops->barrier(k->inner);
 }
 static const distro__comm_ops tu_corrupt_ops = {"corrupting", tu_corrupt_allgather, tu_corrupt_allgatherv,
-                                                tu_corrupt_allreduce, tu_corrupt_barrier, NULL};
+                                                tu_corrupt_allreduce, tu_corrupt_barrier, NULL, 0};
 
 /* *out becomes the wrapper of k->inner (same rank and size). */
 static inline void tu_corrupting_wrap(tu_corrupting *k, distro_comm *out) {
-  *out = (distro_comm){&tu_corrupt_ops, k->inner->rank, k->inner->size, k};
+  *out = (distro_comm){&tu_corrupt_ops, k->inner->rank, k->inner->size, k, 0, 0};
 }
 
 #endif

@@ -48,6 +48,23 @@ void sh_tmpdir(char *dir, size_t n) {
   if (ntmpdirs < 8 && strlen(dir) < sizeof tmpdirs[0]) snprintf(tmpdirs[ntmpdirs++], sizeof tmpdirs[0], "%s", dir);
 }
 
+void sh_init(sh_syncer *h, char *ep, size_t n) {
+  const int record = h->record_values;
+  memset(h, 0, sizeof *h);
+  h->record_values = record;
+  sh_tmpdir(h->dir, sizeof h->dir);
+  snprintf(ep, n, "ipc://%s/s.ipc", h->dir);
+}
+
+void sh_options(distro_syncer_options *o, const char *ep, int P) {
+  *o = distro_syncer_options_default();
+  o->endpoint = ep;
+  o->fragments = P;
+  o->interval_s = 0.05;
+  o->timeout_s = 1.0;
+  o->heartbeat_s = 0.1;
+}
+
 static void on_merge(void *ctx, const distro_sync_merge_info *info) {
   sh_syncer *h = ctx;
   pthread_mutex_lock(&h->mu);
@@ -86,6 +103,13 @@ distro_status sh_start(sh_syncer *h, const distro_syncer_options *o) {
   return DISTRO_OK;
 }
 
+distro_status sh_start_job(sh_syncer *h, char *ep, size_t n, int P) {
+  distro_syncer_options o;
+  sh_init(h, ep, n);
+  sh_options(&o, ep, P);
+  return sh_start(h, &o);
+}
+
 void sh_stop(sh_syncer *h) {
   if (!h->running) return;
   distro_syncer_stop(h->s);
@@ -102,6 +126,11 @@ int sh_merges(sh_syncer *h) {
   const int n = h->nm;
   pthread_mutex_unlock(&h->mu);
   return n;
+}
+
+int sh_wait_merges(sh_syncer *h, int n, double seconds) {
+  for (double t0 = sh_now(); sh_merges(h) < n && sh_now() - t0 < seconds;) sh_sleep(0.05);
+  return sh_merges(h);
 }
 
 int sh_check_fragment(sh_syncer *h, int p, uint64_t v, const float *full, const int64_t *idx, int64_t n) {
@@ -143,6 +172,9 @@ static void *learner_main(void *arg) {
   o.curve_server_key = L->server_key;
   o.curve_keypair = L->keypair;
   o.keep_local = L->keep_local;
+  o.log = L->log;
+  if (L->serve_endpoint) o.serve_endpoint = L->serve_endpoint;
+  o.curve_allowed = L->allowed;
   const int nb = L->n / 4, nw = L->n - nb;
   distro_status st = distro_learner_create(&o, &L->l);
   if (st == DISTRO_OK) st = distro_learner_add_tensor(L->l, "w", L->theta, nw, 0);

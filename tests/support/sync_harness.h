@@ -31,11 +31,21 @@ double sh_now(void);
 void sh_sleep(double s);
 /* mkdtemp under /tmp. */
 void sh_tmpdir(char *dir, size_t n);
+/* Zeroes h (but record_values), makes its temporary directory and writes
+ * "ipc://DIR/s.ipc" to ep. */
+void sh_init(sh_syncer *h, char *ep, size_t n);
+/* Default options for a test job on ep: P fragments, a round every 50 ms,
+ * learners time out after 1 s, heartbeats every 0.1 s. */
+void sh_options(distro_syncer_options *o, const char *ep, int P);
+/* sh_init, sh_options(P), sh_start. */
+distro_status sh_start_job(sh_syncer *h, char *ep, size_t n, int P);
 /* Creates the syncer (recording merges) and runs it on a thread. */
 distro_status sh_start(sh_syncer *h, const distro_syncer_options *o);
 /* Stops and frees the syncer (like a crash: no final checkpoint). */
 void sh_stop(sh_syncer *h);
 int sh_merges(sh_syncer *h);
+/* Waits up to `seconds` for n merges in all; returns the count. */
+int sh_wait_merges(sh_syncer *h, int n, double seconds);
 /* 1 if the snapshot of fragment p at version v was recorded and equals x
  * (the fragment's elements taken from the full vector `full`), 0 if it
  * differs, -1 if that version was never seen. */
@@ -61,6 +71,9 @@ typedef struct sh_learner {
   pthread_t th;
   int keep_local;
   const char *server_key, *keypair; /* CURVE (NULL: plain) */
+  distro_sync_log_fn log;           /* NULL: silent */
+  const char *serve_endpoint;       /* NULL: the default */
+  const char *allowed;              /* curve_allowed of its state endpoint (NULL: any key) */
 } sh_learner;
 
 void sh_learner_init(sh_learner *L, const char *endpoint, int id, int n, double target, double step_ms);
