@@ -37,6 +37,7 @@ const char *values_name(distro_values v) {
     case DISTRO_VALUES_SIGN1: return "sign1";
     case DISTRO_VALUES_INT8: return "int8";
     case DISTRO_VALUES_INT4: return "int4";
+    case DISTRO_VALUES_INT2: return "int2";
   }
   return "?";
 }
