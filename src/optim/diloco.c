@@ -35,6 +35,20 @@ distro_diloco_options distro_diloco_options_default(void) {
   o.fragmenting = DISTRO_FRAG_BALANCED;
   o.max_block = 0;
   o.progress_thread = 0;
+  o.compressor = DISTRO_OUTER_DENSE;
+  o.density = 0.02f;
+  o.sparse_chunk = 64;
+  o.sparse_dct = 0;
+  o.ef_beta = 0.95f;
+  o.sparse_values = DISTRO_VALUES_INT2;
+  return o;
+}
+
+distro_diloco_options distro_diloco_options_sparseloco(void) {
+  distro_diloco_options o = distro_diloco_options_default();
+  o.compressor = DISTRO_OUTER_SPARSE;
+  o.outer_lr = 1.0f;
+  o.outer_momentum = 0.0f;
   return o;
 }
 
@@ -74,7 +88,7 @@ static distro_status options_check(const distro_diloco_options *o) {
     return distro__fail(DISTRO_ERR_INVALID, "diloco: max_block must be >= 0 (got %lld)", (long long)o->max_block);
   if (o->progress_thread != 0 && o->progress_thread != 1)
     return distro__fail(DISTRO_ERR_INVALID, "diloco: progress_thread must be 0 or 1 (got %d)", o->progress_thread);
-  return DISTRO_OK;
+  return distro__sparse_options_check(o);
 }
 
 /* ---- lifecycle ------------------------------------------------------------ */
@@ -176,6 +190,7 @@ static void free_layout(distro_diloco *d) {
   free(d->nrm);
   free(d->coef);
   free(d->tokbuf);
+  distro__sparse_free(d);
   d->tokbuf = NULL;
   d->w = d->nrm = NULL;
   d->coef = NULL;
@@ -272,6 +287,7 @@ distro_status distro__diloco_prepare(distro_diloco *d) {
     d->mom[p] = calloc((size_t)elems, sizeof(float));
     if (!d->global[p] || !d->mom[p]) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the global copy");
   }
+  if (d->opt.compressor == DISTRO_OUTER_SPARSE) DISTRO_CHECK(distro__sparse_prepare(d)); /* sets the payload bounds */
   d->send = malloc(d->max_payload);
   d->recv = malloc(d->max_payload * (size_t)M);
   d->acc = malloc(sizeof(float) * (size_t)d->max_frag);
@@ -312,15 +328,20 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
 
 uint64_t distro__diloco_options_hash(const distro_diloco *d) {
   const distro_diloco_options *o = &d->opt;
-  int64_t f[12] = {o->H, o->fragments, o->overlap, o->nesterov, (int64_t)o->codec, o->codec_block, (int64_t)o->merge,
-                   (int64_t)o->fragmenting, d->max_block, 0, 0, 0};
-  uint32_t a, l, m;
+  int64_t f[18] = {o->H, o->fragments, o->overlap, o->nesterov, (int64_t)o->codec, o->codec_block, (int64_t)o->merge,
+                   (int64_t)o->fragmenting, d->max_block, 0, 0, 0, (int64_t)o->compressor, 0, o->sparse_chunk,
+                   o->sparse_dct, 0, (int64_t)o->sparse_values};
+  uint32_t a, l, m, dn, b;
   memcpy(&a, &o->alpha, 4);
   memcpy(&l, &o->outer_lr, 4);
   memcpy(&m, &o->outer_momentum, 4);
+  memcpy(&dn, &o->density, 4);
+  memcpy(&b, &o->ef_beta, 4);
   f[9] = a;
   f[10] = l;
   f[11] = m;
+  f[13] = dn;
+  f[16] = b;
   return fnv1a(0xcbf29ce484222325ULL, f, sizeof f);
 }
 
@@ -493,36 +514,35 @@ static void merge(distro_diloco *d, int p) {
                       d->nrm);
 }
 
+distro_status distro__diloco_outer_step(distro_diloco *d, int p) {
+  const int64_t n = d->frags.numel[p];
+  float *acc = d->acc, *dec = d->dec;
+  if (!distro__outer_step(d->global[p], d->mom[p], acc, n, d->opt.outer_lr, d->opt.outer_momentum, d->opt.nesterov,
+                          acc, dec))
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: the merged outer gradient or the outer step of fragment %d overflowed",
+                        p);
+  memcpy(d->global[p], acc, sizeof(float) * (size_t)n);
+  memcpy(d->mom[p], dec, sizeof(float) * (size_t)n);
+  return DISTRO_OK;
+}
+
 /* All-gather, validate, merge and outer-step the fragment in d->x_frag. Runs
  * on the progress thread or inline; touches only the fragment's global copy
- * and momentum, and those only after every check passed. */
+ * and momentum (sparse: and its error feedback), and those only after every
+ * check passed. */
 static distro_status exchange_run(distro_diloco *d) {
+  if (d->opt.compressor == DISTRO_OUTER_SPARSE) return distro__sparse_exchange(d);
   distro_status st = DISTRO_OK;
   const int p = d->x_frag, M = d->M;
   const size_t bytes = d->payload[p];
   const distro__fragments *f = &d->frags;
   DISTRO_CHECK(distro_comm_allgather(d->outer, d->send, bytes, d->recv));
+  const distro__dlc_head want = {DISTRO__DLC_VERSION, (unsigned)d->opt.codec, 0, (uint32_t)p, (uint64_t)d->x_round,
+                                 0, 0, (uint64_t)f->numel[p], 0, (uint32_t)d->opt.codec_block};
   for (int r = 0; r < M; r++) {
     const uint8_t *b = d->recv + (size_t)r * bytes;
-    if (distro__get_u32(b + bytes - 4) != distro__crc32c(b, bytes - 4))
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's payload for fragment %d failed its checksum", r, p);
-    if (distro__get_u32(b) != DISTRO__DLC_MAGIC || distro__get_u16(b + 4) != DISTRO__DLC_VERSION)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's payload is not an outer payload of version %d", r,
-                  DISTRO__DLC_VERSION);
-    if (distro__get_u16(b + 6) != (uint16_t)d->opt.codec || distro__get_u32(b + 52) != (uint32_t)d->opt.codec_block)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d used a different codec or codec block", r);
-    if (distro__get_u32(b + 8) != (uint32_t)r)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: slot %d holds a payload from learner %u", r, distro__get_u32(b + 8));
-    if (distro__get_u32(b + 12) != (uint32_t)p || distro__get_u64(b + 16) != (uint64_t)d->x_round)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d sent fragment %u of step %llu, expected fragment %d of step %lld",
-                  r, distro__get_u32(b + 12), (unsigned long long)distro__get_u64(b + 16), p, (long long)d->x_round);
-    if (distro__get_u64(b + 40) != (uint64_t)f->numel[p])
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's fragment %d has %llu elements, expected %lld", r, p,
-                  (unsigned long long)distro__get_u64(b + 40), (long long)f->numel[p]);
-    const uint32_t flags = distro__get_u32(b + 48);
-    if (flags & ~DISTRO__DLC_FLAG_ABORT) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d set unknown flags 0x%x", r, flags);
-    if (flags & DISTRO__DLC_FLAG_ABORT)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's outer gradient for fragment %d is not finite", r, p);
+    distro__dlc_head got;
+    DISTRO_CHECK(distro__dlc_check_header(b, bytes, r, &want, &got));
     for (int q = f->start[p]; q < f->start[p + 1]; q++) {
       st = distro__outer_check(d->opt.codec, b + d->piece_byte[q], f->pieces[q].count, d->opt.codec_block);
       if (st != DISTRO_OK) {
@@ -534,15 +554,7 @@ static distro_status exchange_run(distro_diloco *d) {
     }
   }
   merge(d, p);
-  /* Outer step into the staging buffers (acc: new global, dec: new momentum). */
-  const int64_t n = f->numel[p];
-  float *acc = d->acc, *dec = d->dec;
-  if (!distro__outer_step(d->global[p], d->mom[p], acc, n, d->opt.outer_lr, d->opt.outer_momentum, d->opt.nesterov,
-                          acc, dec))
-    DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: the merged outer gradient or the outer step of fragment %d overflowed", p);
-  memcpy(d->global[p], acc, sizeof(float) * (size_t)n);
-  memcpy(d->mom[p], dec, sizeof(float) * (size_t)n);
-  return DISTRO_OK;
+  return distro__diloco_outer_step(d, p);
 fail:
   return st;
 }
@@ -621,6 +633,8 @@ static distro_status finish_pending(distro_diloco *d, float alpha, distro_diloco
   if (st != DISTRO_OK) return st;
   const int p = d->pending.frag;
   apply_fragment(d, p, alpha);
+  s->outer_bytes_received += d->x_recv_bytes;
+  d->x_recv_bytes = 0;
   d->tok[p] -= d->pending.tokens_sent;
   d->steps[p] -= d->pending.steps_sent;
   d->pending.active = 0;
@@ -663,34 +677,30 @@ static distro_status start_exchange(distro_diloco *d, int p, int64_t apply_at, i
       bad |= !isfinite(o[j]);
     }
   }
-  const size_t bytes = d->payload[p];
-  uint8_t *b = d->send;
-  memset(b, 0, DISTRO__DLC_HEADER);
-  distro__put_u32(b, DISTRO__DLC_MAGIC);
-  distro__put_u16(b + 4, DISTRO__DLC_VERSION);
-  distro__put_u16(b + 6, (uint16_t)d->opt.codec);
-  distro__put_u32(b + 8, (uint32_t)d->learner);
-  distro__put_u32(b + 12, (uint32_t)p);
-  distro__put_u64(b + 16, (uint64_t)d->t);
-  distro__put_u64(b + 24, tokens);
-  distro__put_u64(b + 32, d->steps[p]);
-  distro__put_u64(b + 40, (uint64_t)f->numel[p]);
-  distro__put_u32(b + 48, bad ? DISTRO__DLC_FLAG_ABORT : 0u);
-  distro__put_u32(b + 52, (uint32_t)d->opt.codec_block);
-  if (bad) {
-    memset(b + DISTRO__DLC_HEADER, 0, bytes - DISTRO__DLC_HEADER - 4);
+  size_t bytes = d->payload[p];
+  if (d->opt.compressor == DISTRO_OUTER_SPARSE) {
+    bytes = distro__sparse_send(d, p, delta, bad, tokens);
   } else {
-    for (int q = f->start[p]; q < f->start[p + 1]; q++)
-      distro__outer_encode(d->opt.codec, delta + d->piece_elem[q], f->pieces[q].count, d->opt.codec_block,
-                           b + d->piece_byte[q]);
+    uint8_t *b = d->send;
+    const distro__dlc_head h = {DISTRO__DLC_VERSION, (unsigned)d->opt.codec, (uint32_t)d->learner, (uint32_t)p,
+                                (uint64_t)d->t, tokens, d->steps[p], (uint64_t)f->numel[p],
+                                bad ? DISTRO__DLC_FLAG_ABORT : 0u, (uint32_t)d->opt.codec_block};
+    distro__dlc_put_header(b, &h);
+    if (bad) {
+      memset(b + DISTRO__DLC_HEADER, 0, bytes - DISTRO__DLC_HEADER - 4);
+    } else {
+      for (int q = f->start[p]; q < f->start[p + 1]; q++)
+        distro__outer_encode(d->opt.codec, delta + d->piece_elem[q], f->pieces[q].count, d->opt.codec_block,
+                             b + d->piece_byte[q]);
+    }
+    distro__put_u32(b + bytes - 4, distro__crc32c(b, bytes - 4));
+    s->outer_bytes_received += bytes * (size_t)(d->M - 1); /* sparse: counted when the exchange completes */
   }
-  distro__put_u32(b + bytes - 4, distro__crc32c(b, bytes - 4));
   d->pending = (distro__diloco_pending){1, p, d->t, apply_at, d->tok[p], d->steps[p]};
   d->x_frag = p;
   d->x_round = d->t;
   s->fragment_sent = p;
   s->outer_bytes_sent += bytes;
-  s->outer_bytes_received += bytes * (size_t)(d->M - 1);
   d->total_sent += bytes;
   if (allow_thread && d->opt.progress_thread && !d->th_started) {
     d->th_stop = 0;
