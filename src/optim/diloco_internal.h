@@ -117,8 +117,9 @@ size_t distro__sparse_send(distro_diloco *d, int p, const float *delta, int bad,
  * this learner's error feedback. */
 distro_status distro__sparse_exchange(distro_diloco *d);
 
-/* Hashes used by the learner agreement and stored in the state file. */
-uint64_t distro__diloco_options_hash(const distro_diloco *d);
-uint64_t distro__diloco_list_hash(const distro_diloco *d);
+/* The agreement (diloco_agree.c): collective over the inner comm, then the
+ * outer comm; every rank takes part carrying its local failure, and all
+ * return the same status. Sets d->verified on success. */
+distro_status distro__diloco_verify(distro_diloco *d, distro_status local);
 
 #endif
