@@ -122,6 +122,7 @@ void distro__outer_encode(distro_outer_codec c, const float *x, int64_t n, int b
   /* Nibble codecs: an odd block size puts two blocks in one byte; handle
    * such blocks on one thread so no byte is written by two. */
   const int shared_bytes = c != DISTRO_OUTER_INT8 && (block & 1);
+  (void)shared_bytes; /* read by the pragma only: unused without OpenMP */
   if (c != DISTRO_OUTER_INT8 && (n & 1)) codes[n >> 1] = 0; /* padding nibble */
 #pragma omp parallel for schedule(static) if (n > PAR_MIN && !shared_bytes)
   for (int64_t b = 0; b < nb; b++) {
@@ -258,7 +259,8 @@ distro_status distro__dlc_check_header(const uint8_t *b, size_t size, int r, con
   if (distro__get_u16(b + 6) != want->codec || distro__get_u32(b + 52) != want->block)
     return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d used a different codec or codec block", r);
   if (distro__get_u32(b + 8) != (uint32_t)r)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: slot %d holds a payload from learner %u", r, distro__get_u32(b + 8));
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: the payload in learner %d's slot says it is from learner %u", r,
+                        distro__get_u32(b + 8));
   if (distro__get_u32(b + 12) != p || distro__get_u64(b + 16) != want->round)
     return distro__fail(DISTRO_ERR_PAYLOAD,
                         "diloco: learner %d sent fragment %u of step %llu, expected fragment %u of step %llu", r,
