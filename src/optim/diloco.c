@@ -167,6 +167,7 @@ distro_status distro_diloco_set_tensor(distro_diloco *d, const char *name, int l
 }
 
 static void free_layout(distro_diloco *d) {
+  distro__sparse_free(d); /* first: it walks the fragments */
   if (d->global)
     for (int p = 0; p < d->frags.nfrag; p++) free(d->global[p]);
   if (d->mom)
@@ -190,7 +191,6 @@ static void free_layout(distro_diloco *d) {
   free(d->nrm);
   free(d->coef);
   free(d->tokbuf);
-  distro__sparse_free(d);
   d->tokbuf = NULL;
   d->w = d->nrm = NULL;
   d->coef = NULL;
