@@ -27,10 +27,11 @@ static const variant VARIANTS[] = {
      GPT_OPT_ADAMW, 4, 15, 1, DISTRO_OUTER_F32, 1.0f, 0.0f, DENSE_OUTER},
     {"diloco-stream", GPT_OPT_DILOCO,      4e-3f,   0.05f, 0,    0,   0.0f,   DISTRO_VALUES_F32,
      GPT_OPT_ADAMW, 4, 15, 3, DISTRO_OUTER_INT4, 1.0f, 0.0f, DENSE_OUTER},
-    /* SparseLoCo: the diloco row's learners with sparse 2-bit outer gradients and error feedback; also the
-     * default of --optim sparseloco (README.md, "SparseLoCo").                density  beta  values */
+    /* SparseLoCo: the diloco row's learners with sparse 2-bit outer gradients and error feedback, outer lr 2
+     * and beta 0.9 (tuned, README.md "SparseLoCo"); also the default of --optim sparseloco.
+     *                                                                          density  beta  values */
     {"sparseloco",   GPT_OPT_DILOCO,       4e-3f,   0.05f, 0,    0,   0.0f,   DISTRO_VALUES_F32,
-     GPT_OPT_ADAMW, 4, 15, 1, DISTRO_OUTER_F32, 1.0f, 0.0f, DISTRO_OUTER_SPARSE, 0.02f, 0.95f, DISTRO_VALUES_INT2},
+     GPT_OPT_ADAMW, 4, 15, 1, DISTRO_OUTER_F32, 2.0f, 0.0f, DISTRO_OUTER_SPARSE, 0.02f, 0.9f, DISTRO_VALUES_INT2},
 };
 #define NVAR ((int)(sizeof VARIANTS / sizeof *VARIANTS))
 
