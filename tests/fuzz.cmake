@@ -85,7 +85,8 @@ function(distro_fuzz_setup)
   endif()
 
   set(src ${PROJECT_SOURCE_DIR}/src)
-  file(GLOB headers ${src}/common/*.h ${src}/compress/*.h ${PROJECT_SOURCE_DIR}/include/distro/*.h)
+  file(GLOB headers ${src}/common/*.h ${src}/compress/*.h ${PROJECT_SOURCE_DIR}/include/distro/*.h
+       ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/*.h)
   set(flags -std=c11 -g -O1 -fno-omit-frame-pointer -fno-sanitize-recover=all
             -D_POSIX_C_SOURCE=200809L -DDISTRO_BUILDING=1 "-DDISTRO_VERSION=\"${PROJECT_VERSION}\""
             -I${PROJECT_SOURCE_DIR}/include -I${src} ${DISTRO_WARN})
