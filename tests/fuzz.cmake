@@ -1,6 +1,8 @@
-# fuzz_wire and fuzz_wire2: the libFuzzer targets tests/fuzz/fuzz_wire.c (the
-# wire v1 validator) and tests/fuzz/fuzz_wire2.c (the wire v2 decoder), each
-# run for a bounded time by ctest (tests/fuzz/run_fuzz.cmake). They need clang
+# fuzz_wire, fuzz_wire2 and fuzz_outer_sparse: the libFuzzer targets
+# tests/fuzz/fuzz_wire.c (the wire v1 validator), tests/fuzz/fuzz_wire2.c (the
+# wire v2 decoder) and tests/fuzz/fuzz_outer_sparse.c (the sparse DiLoCo
+# outer payload decoder, 2-bit values included), each run for a bounded time
+# by ctest (tests/fuzz/run_fuzz.cmake). They need clang
 # with libFuzzer (Debian: clang, libclang-rt-14-dev) and are built with clang
 # whatever the project's compiler, from the few library sources the payload
 # code uses.
@@ -47,7 +49,7 @@ endmacro()
 
 function(distro_fuzz_setup)
   if(DISTRO_FUZZ_SECONDS EQUAL 0)
-    message(STATUS "fuzz_wire, fuzz_wire2: skipped (DISTRO_FUZZ_SECONDS=0)")
+    message(STATUS "fuzz_wire, fuzz_wire2, fuzz_outer_sparse: skipped (DISTRO_FUZZ_SECONDS=0)")
     return()
   endif()
 
@@ -78,12 +80,13 @@ function(distro_fuzz_setup)
     if(DISTRO_FUZZ)
       message(FATAL_ERROR "DISTRO_FUZZ=ON but ${why}")
     endif()
-    message(STATUS "fuzz_wire, fuzz_wire2: skipped: ${why}")
+    message(STATUS "fuzz_wire, fuzz_wire2, fuzz_outer_sparse: skipped: ${why}")
     return()
   endif()
 
   set(src ${PROJECT_SOURCE_DIR}/src)
-  file(GLOB headers ${src}/common/*.h ${src}/compress/*.h ${PROJECT_SOURCE_DIR}/include/distro/*.h)
+  file(GLOB headers ${src}/common/*.h ${src}/compress/*.h ${PROJECT_SOURCE_DIR}/include/distro/*.h
+       ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/*.h)
   set(flags -std=c11 -g -O1 -fno-omit-frame-pointer -fno-sanitize-recover=all
             -D_POSIX_C_SOURCE=200809L -DDISTRO_BUILDING=1 "-DDISTRO_VERSION=\"${PROJECT_VERSION}\""
             -I${PROJECT_SOURCE_DIR}/include -I${src} ${DISTRO_WARN})
@@ -91,6 +94,8 @@ function(distro_fuzz_setup)
   distro_fuzz_target(fuzz_wire FUZZ_WIRE_SEED_MAIN ${common})
   distro_fuzz_target(fuzz_wire2 FUZZ_WIRE2_SEED_MAIN ${common} ${src}/compress/wire2.c
                      ${src}/compress/index_codec.c ${src}/compress/value_codec.c)
+  distro_fuzz_target(fuzz_outer_sparse FUZZ_OUTER_SPARSE_SEED_MAIN ${common} ${src}/compress/outer_sparse.c
+                     ${src}/compress/outer_codec.c ${src}/compress/index_codec.c ${src}/compress/value_codec.c)
 endfunction()
 
 distro_fuzz_setup()

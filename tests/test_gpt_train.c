@@ -216,6 +216,45 @@ Test(gpt_train, diloco_syncs_on_schedule_and_learns) {
   }
 }
 
+/* SparseLoCo in the trainer: sparse payloads leave on the schedule only, each
+ * at least 20x smaller than the f32 payload of the same fragment, and the
+ * model learns (at 5% density with 12 syncs: this tiny model's 60 steps are
+ * too few for 2%). */
+Test(gpt_train, sparseloco_sends_little_and_learns) {
+  char args[2048], log[400], loss[60][32], sent[60][32], f32[10][32];
+  snprintf(log, sizeof log, "%s/f32.csv", dir);
+  snprintf(args, sizeof args, "--optim diloco --learners 2 --H 5 --outer-codec f32 --steps 10 --eval-every 0 --log '%s'",
+           log);
+  free(train(args));
+  cr_assert_eq(csv_column(log, 6, f32, 10), 10);
+  const long long dense = atoll(f32[4]);
+  cr_assert_gt(dense, 0);
+  snprintf(log, sizeof log, "%s/sparse.csv", dir);
+  snprintf(args, sizeof args,
+           "--optim sparseloco --learners 2 --H 5 --density 0.05 --outer-lr 2 --ef-beta 0.9 --lr 3e-3 --steps 60 "
+           "--eval-every 0 --log '%s'", log);
+  char *out = train(args);
+  cr_assert(strstr(out, "final val loss") && strstr(out, "sparse int2 outer gradients"), "%s", out);
+  free(out);
+  cr_assert_eq(csv_column(log, 2, loss, 60), 60);
+  cr_assert_eq(csv_column(log, 6, sent, 60), 60);
+  double first = 0, last = 0;
+  for (int s = 0; s < 5; s++) {
+    first += atof(loss[s]) / 5;
+    last += atof(loss[55 + s]) / 5;
+  }
+  cr_expect(last < first - 1.0, "sparseloco: train loss did not fall: first steps %.3f, last steps %.3f", first, last);
+  for (int s = 1; s <= 60; s++) {
+    const long long b = atoll(sent[s - 1]);
+    if (s % 5) {
+      cr_expect_eq(b, 0, "step %d sent %lld bytes off schedule", s, b);
+    } else {
+      cr_expect_gt(b, 0, "step %d: no outer payload", s);
+      cr_expect_lt(20 * b, dense, "step %d: sparse payload %lld bytes, f32 %lld: not 20x smaller", s, b, dense);
+    }
+  }
+}
+
 #ifdef SYNC_SYNCER_BIN
 /* Decoupled DiLoCo: a distro-syncer process and two gpt-train learners, one
  * of them data-parallel over 2 ranks and slowed down, the other with
@@ -322,6 +361,16 @@ Test(gpt_errors, bad_flags) {
   expect_error("--optim diloco --merge median", 2, "--merge: 'median' is not one of mean, tokens, radial");
   expect_error("--optim diloco --inner sgd", 2, "--inner: 'sgd' is not one of adamw, distro, distro-adamw");
   expect_error("--optim diloco --save x.bin", 2, "--save and --resume do not support --optim diloco");
+  /* SparseLoCo */
+  expect_error("--density 0.02", 2, "are SparseLoCo settings: add --optim sparseloco");
+  expect_error("--optim diloco --ef-beta 0.9", 2, "are SparseLoCo settings: add --optim sparseloco");
+  expect_error("--optim sparseloco --density 0", 2, "--density must be in (0, 1]");
+  expect_error("--optim sparseloco --density 1.5", 2, "--density must be in (0, 1]");
+  expect_error("--optim sparseloco --ef-beta 1", 2, "--ef-beta must be < 1");
+  expect_error("--optim sparseloco --sparse-values sign1", 2, "--sparse-values: 'sign1' is not one of int2, int4");
+  expect_error("--optim sparseloco --dct maybe", 2, "--dct: 'maybe' is not on or off");
+  expect_error("--optim sparseloco --sparse-chunk 300", 2, "--sparse-chunk must be <= 256");
+  expect_error("--optim sparseloco --save x.bin", 2, "--save and --resume do not support --optim diloco");
   /* Decoupled DiLoCo */
   expect_error("--syncer ipc:///tmp/x.ipc", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
   expect_error("--optim adamw --step-delay-ms 5", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
@@ -400,6 +449,7 @@ Test(gpt_train, compare_prints_the_table_and_plots) {
     cr_assert(strstr(out, row), "no row for %s:\n%s", OPTIMS[i], out);
   }
   cr_assert(strstr(out, "targets: "), "no target line:\n%s", out);
+  cr_assert(strstr(out, "\nsparseloco ") && strstr(out, "SparseLoCo: sparseloco"), "no sparseloco row:\n%s", out);
   struct stat st;
   cr_assert_eq(stat(png, &st), 0, "no plot written:\n%s", out);
   cr_assert_gt(st.st_size, 1000);

@@ -2,13 +2,19 @@
  *
  *   distro-bench bytes [--model gpt2|llama|both] [--topk LIST] [--peers N]
  *                      [--up MBIT] [--down MBIT] [--steps S] [--seed X]
+ *                      [--table demo|outer|both] [--density LIST]
  *
  * For each model's shape set, builds a momentum the way the optimizer does
  * (a few steps of decay*m + g on gradients with low-rank structure plus
  * noise, in the DCT domain), selects each chunk's top-k and encodes the
  * selection with every wire variant; the table reports the encoded bytes,
  * not a formula. The reference format (int64 index + f32 value per kept
- * coefficient) has a fixed size and is counted. */
+ * coefficient) has a fixed size and is counted.
+ *
+ * The outer table: one DiLoCo learner's outer payload per sync of the whole
+ * model (one fragment): dense f32 and int4, and sparse (SparseLoCo) at each
+ * density with 2-bit and 4-bit values, encoded from a synthetic pseudo-
+ * gradient of the same structure (its first sync: e = delta). */
 #include <getopt.h>
 #include <math.h>
 #include <omp.h>
@@ -20,6 +26,8 @@
 #include "compress/chunk.h"
 #include "compress/dct.h"
 #include "compress/index_codec.h"
+#include "compress/outer_codec.h"
+#include "compress/outer_sparse.h"
 #include "compress/topk.h"
 #include "compress/value_codec.h"
 #include "compress/wire.h"
@@ -27,6 +35,7 @@
 #include "shapes.h"
 
 #define MAX_TOPK 8
+#define MAX_DENSITY 6
 
 /* Wire variants of the table, in order. */
 typedef enum { ROW_REF, ROW_V1_F32, ROW_U16_BF16, ROW_P12_BF16, ROW_ENT_BF16, ROW_ENT_INT4, ROW_ENT_SIGN1, NROWS } row_kind;
@@ -141,6 +150,9 @@ typedef struct {
   uint64_t seed;
   int ntopk;
   int topk[MAX_TOPK];
+  int demo, outer;   /* which tables */
+  int ndensity;
+  double density[MAX_DENSITY]; /* fractions */
 } config;
 
 static void run_model(const bench_model *m, const config *cfg) {
@@ -222,10 +234,96 @@ static void run_model(const bench_model *m, const config *cfg) {
   free(buf);
 }
 
+/* One learner's outer payload per sync, P = 1 (every tensor one section,
+ * chunk edge 64). The sparse rows are real encodes of each tensor's
+ * selection, decoded again as a check; the per-payload header, descriptors
+ * and CRC are added once. */
+static void run_outer(const bench_model *m, const config *cfg) {
+  enum { EDGE = 64 };
+  const distro_values vals[2] = {DISTRO_VALUES_INT2, DISTRO_VALUES_INT4};
+  uint64_t sparse[MAX_DENSITY][2] = {{0}};
+  int64_t kept[MAX_DENSITY] = {0};
+  int nsec = 0;
+  int64_t max_numel = 0;
+  for (int i = 0; i < m->ntensors; i++)
+    if (m->t[i].numel > max_numel) max_numel = m->t[i].numel;
+  float *g = malloc(sizeof(float) * (size_t)max_numel), *val = malloc(sizeof(float) * (size_t)max_numel);
+  float *dval = malloc(sizeof(float) * (size_t)max_numel);
+  uint32_t *idx = malloc(sizeof(uint32_t) * (size_t)max_numel), *didx = malloc(sizeof(uint32_t) * (size_t)max_numel);
+  const size_t cap = 8 * (size_t)max_numel + 4096;
+  uint8_t *buf = malloc(cap);
+  if (!g || !val || !dval || !idx || !didx || !buf) {
+    fprintf(stderr, "distro-bench: out of memory\n");
+    exit(1);
+  }
+  const double t_start = now();
+  uint64_t dense_f32 = DISTRO__DLC_HEADER + 4, dense_int4 = DISTRO__DLC_HEADER + 4;
+  for (int i = 0; i < m->ntensors; i++) {
+    const bench_tensor *bt = &m->t[i];
+    dense_f32 += distro__outer_bytes(DISTRO_OUTER_F32, bt->numel, 64);
+    dense_int4 += distro__outer_bytes(DISTRO_OUTER_INT4, bt->numel, 64);
+    const int64_t rows = bt->ndim == 2 ? bt->shape[0] : 1, cols = bt->ndim == 2 ? bt->shape[1] : bt->shape[0];
+    make_grad(g, rows, cols, cfg->seed * 7777ULL + (uint64_t)i);
+    for (int q = 0; q < cfg->ndensity; q++) {
+      distro__tiling t[2];
+      int matrix;
+      const int nv = distro__sparse_views(bt->ndim, bt->shape, 0, bt->numel, EDGE, cfg->density[q], t, &matrix);
+      if (q == 0) nsec += nv;
+      int64_t elem = 0;
+      for (int v = 0; v < nv; v++) {
+        distro__enum_table et;
+        distro__enum_table_init(&et, t[v].chunk_elems, t[v].k);
+        distro__sparse_section s = {0, t[v].rows * t[v].cols, 0, t[v], 0, et.c ? &et : NULL, 0};
+        const int64_t nsel = distro__sparse_layout(&s, 1);
+        distro__topk_tiles(&t[v], g + elem, idx, val);
+        kept[q] += nsel;
+        for (int c = 0; c < 2; c++) {
+          distro__sparse_head h = {{DISTRO__SPARSE_VERSION, (unsigned)vals[c], 0, 0, 1, 0, 0, (uint64_t)s.count, 0, EDGE},
+                                   (float)cfg->density[q]};
+          const size_t n = distro__sparse_encode(buf, cap, &s, 1, &h, idx, val);
+          distro__dlc_head got;
+          int bad;
+          if (n == 0 || distro__sparse_decode(buf, n, 0, &s, 1, &h, &got, &bad, didx, dval) != DISTRO_OK ||
+              memcmp(didx, idx, sizeof(uint32_t) * (size_t)nsel) != 0) {
+            fprintf(stderr, "distro-bench: sparse round trip failed (%s)\n", distro_last_error());
+            exit(1);
+          }
+          sparse[q][c] += n - DISTRO__SPARSE_HEADER - 4; /* descriptor and sections */
+        }
+        distro__enum_table_destroy(&et);
+        elem += s.count;
+      }
+    }
+  }
+  printf("\n== %s: one learner's outer payload per sync (whole model, 1 fragment), sparse chunks %dx%d ==\n", m->name,
+         EDGE, EDGE);
+  printf("%-26s %14s %12s %10s %12s\n", "format", "bytes", "x vs f32", "% of f32", "bits/kept");
+  printf("%-26s %14llu %11.1fx %9.3f%% %12s\n", "dense f32", (unsigned long long)dense_f32, 1.0, 100.0, "-");
+  printf("%-26s %14llu %11.1fx %9.3f%% %12s\n", "dense int4 (block 64)", (unsigned long long)dense_int4,
+         (double)dense_f32 / dense_int4, 100.0 * dense_int4 / dense_f32, "-");
+  for (int q = 0; q < cfg->ndensity; q++)
+    for (int c = 0; c < 2; c++) {
+      const uint64_t b = sparse[q][c] + DISTRO__SPARSE_HEADER + 4;
+      char name[64];
+      snprintf(name, sizeof name, "sparse %g%% %s", 100 * cfg->density[q], c ? "int4" : "int2 (2-bit)");
+      printf("%-26s %14llu %11.1fx %9.3f%% %12.2f\n", name, (unsigned long long)b, (double)dense_f32 / b,
+             100.0 * b / dense_f32, 8.0 * b / (double)kept[q]);
+    }
+  printf("(%d sections; sparse sizes are real encodes of a synthetic pseudo-gradient, rank-4 structure plus as much\n"
+         "noise, with each section's smallest index codec; %.1f s)\n", nsec, now() - t_start);
+  free(g);
+  free(val);
+  free(dval);
+  free(idx);
+  free(didx);
+  free(buf);
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: distro-bench bytes [--model gpt2|llama|both] [--topk 1,4,8,32] [--peers 32]\n"
-          "                          [--up 10] [--down 100] [--steps 3] [--seed 1]\n");
+          "                          [--up 10] [--down 100] [--steps 3] [--seed 1]\n"
+          "                          [--table demo|outer|both] [--density 1,2,3 (percent)]\n");
 }
 
 int main(int argc, char **argv) {
@@ -233,10 +331,11 @@ int main(int argc, char **argv) {
     usage(argc >= 2 && !strcmp(argv[1], "--help") ? stdout : stderr);
     return argc >= 2 && !strcmp(argv[1], "--help") ? 0 : 2;
   }
-  config cfg = {"both", 32, 10, 100, 3, 1, 4, {1, 4, 8, 32}};
-  static const struct option opts[] = {{"model", 1, 0, 'm'}, {"topk", 1, 0, 'k'}, {"peers", 1, 0, 'p'},
-                                       {"up", 1, 0, 'u'},    {"down", 1, 0, 'd'}, {"steps", 1, 0, 's'},
-                                       {"seed", 1, 0, 'x'},  {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+  config cfg = {"both", 32, 10, 100, 3, 1, 4, {1, 4, 8, 32}, 1, 1, 3, {0.01, 0.02, 0.03}};
+  static const struct option opts[] = {{"model", 1, 0, 'm'}, {"topk", 1, 0, 'k'},    {"peers", 1, 0, 'p'},
+                                       {"up", 1, 0, 'u'},    {"down", 1, 0, 'd'},    {"steps", 1, 0, 's'},
+                                       {"seed", 1, 0, 'x'},  {"table", 1, 0, 't'},   {"density", 1, 0, 'D'},
+                                       {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
   optind = 2;
   int c;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -253,6 +352,26 @@ int main(int argc, char **argv) {
       case 'd': cfg.down_mbit = atof(optarg); break;
       case 's': cfg.steps = atoi(optarg); break;
       case 'x': cfg.seed = strtoull(optarg, NULL, 0); break;
+      case 't':
+        cfg.demo = !strcmp(optarg, "demo") || !strcmp(optarg, "both");
+        cfg.outer = !strcmp(optarg, "outer") || !strcmp(optarg, "both");
+        if (!cfg.demo && !cfg.outer) {
+          fprintf(stderr, "distro-bench: --table is demo, outer or both\n");
+          return 2;
+        }
+        break;
+      case 'D': {
+        cfg.ndensity = 0;
+        for (char *tok = strtok(optarg, ","); tok && cfg.ndensity < MAX_DENSITY; tok = strtok(NULL, ",")) {
+          const double pct = atof(tok);
+          if (!(pct > 0 && pct <= 100)) {
+            fprintf(stderr, "distro-bench: --density values are percentages in (0, 100]\n");
+            return 2;
+          }
+          cfg.density[cfg.ndensity++] = pct / 100;
+        }
+        break;
+      }
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
@@ -262,8 +381,9 @@ int main(int argc, char **argv) {
       fprintf(stderr, "distro-bench: --topk values must be >= 1\n");
       return 2;
     }
-  if (cfg.peers < 2 || cfg.up_mbit <= 0 || cfg.down_mbit <= 0 || cfg.steps < 1 || cfg.ntopk == 0) {
-    fprintf(stderr, "distro-bench: --peers >= 2, --up/--down > 0, --steps >= 1 and at least one --topk\n");
+  if (cfg.peers < 2 || cfg.up_mbit <= 0 || cfg.down_mbit <= 0 || cfg.steps < 1 || cfg.ntopk == 0 ||
+      cfg.ndensity == 0) {
+    fprintf(stderr, "distro-bench: --peers >= 2, --up/--down > 0, --steps >= 1, at least one --topk and --density\n");
     return 2;
   }
   int gpt = !strcmp(cfg.model, "gpt2") || !strcmp(cfg.model, "both");
@@ -275,12 +395,14 @@ int main(int argc, char **argv) {
   bench_model m;
   if (gpt) {
     if (bench_model_gpt2_124m(&m, 0)) return 1;
-    run_model(&m, &cfg);
+    if (cfg.demo) run_model(&m, &cfg);
+    if (cfg.outer) run_outer(&m, &cfg);
     bench_model_free(&m);
   }
   if (llama) {
     if (bench_model_llama_1b2(&m, 0)) return 1;
-    run_model(&m, &cfg);
+    if (cfg.demo) run_model(&m, &cfg);
+    if (cfg.outer) run_outer(&m, &cfg);
     bench_model_free(&m);
   }
   return 0;

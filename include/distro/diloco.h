@@ -6,6 +6,9 @@
  * of each parameter fragment, delta = theta_global - theta_local, is
  * exchanged between learners over a second communicator, merged, and fed to
  * an outer SGD with Nesterov momentum that every learner runs identically.
+ * With sparse outer gradients (SparseLoCo) each learner keeps an
+ * error-feedback buffer and sends only each chunk's top-k of it, a few
+ * percent of the dense payload.
  *
  * Learners that are data-parallel inside (R ranks each): rank r of every
  * learner joins the outer communicator of "column" r (size M). All ranks of
@@ -33,6 +36,14 @@ typedef enum {
   DISTRO_OUTER_FP4   /* 4-bit float E3M0 (sign, 3 exponent bits) + scale per block */
 } distro_outer_codec;
 
+/* What a learner sends of its outer gradient. */
+typedef enum {
+  DISTRO_OUTER_DENSE,  /* every element, with `codec` */
+  DISTRO_OUTER_SPARSE  /* SparseLoCo: an error-feedback buffer e <- beta*e + delta,
+                          each chunk's top-k of e with `sparse_values`; what was
+                          sent (decoded) leaves e (docs/diloco.md) */
+} distro_outer_compressor;
+
 /* How the learners' outer gradients are combined. */
 typedef enum {
   DISTRO_MERGE_MEAN,   /* plain mean */
@@ -48,7 +59,7 @@ typedef enum {
   DISTRO_FRAG_SEQUENTIAL /* contiguous runs of blocks in registration order */
 } distro_fragmenting;
 
-#define DISTRO_DILOCO_OPTIONS_VERSION 1
+#define DISTRO_DILOCO_OPTIONS_VERSION 2
 
 typedef struct distro_diloco_options {
   int version;            /* DISTRO_DILOCO_OPTIONS_VERSION */
@@ -73,12 +84,31 @@ typedef struct distro_diloco_options {
                              continue; the outer comm must then be usable from
                              that thread (MPI: MPI_THREAD_MULTIPLE). Same bits
                              as 0 (the default). */
+  /* Sparse outer gradients (version 2; used when compressor is SPARSE, and
+   * then codec and codec_block are not): */
+  distro_outer_compressor compressor; /* DENSE */
+  float density;          /* kept fraction of each chunk, in (0, 1]: k =
+                             round(density * chunk elements), at least 1 (0.02) */
+  int sparse_chunk;       /* chunk edge in [1, 256]: whole rows of a matrix are
+                             tiled like DeMo (chunk rule, target edge), other
+                             ranges in runs of edge^2 elements (64) */
+  int sparse_dct;         /* 1: top-k of the orthonormal DCT of each tile (e then
+                             lives in that domain); vectors never (0) */
+  float ef_beta;          /* error-feedback decay beta in [0, 1) (0.95) */
+  distro_values sparse_values; /* INT2 (2 bits + bf16 scale per chunk), INT4,
+                             INT8, BF16 or F32; SIGN1 is refused (no magnitude) */
 } distro_diloco_options;
 
 /* Defaults: H 500, P 1, tau 0, alpha 0, outer lr 0.7, momentum 0.9 Nesterov,
  * F32 codec with block 64, mean merge, balanced fragments, auto max_block,
- * no progress thread. */
+ * no progress thread, dense outer gradients (the sparse fields at the
+ * values of distro_diloco_options_sparseloco). */
 DISTRO_API distro_diloco_options distro_diloco_options_default(void);
+
+/* SparseLoCo's recommended settings: the defaults with SPARSE outer
+ * gradients (density 0.02, chunk 64, no DCT, beta 0.95, INT2 values), outer
+ * lr 1 and no outer momentum (e plays its role). */
+DISTRO_API distro_diloco_options distro_diloco_options_sparseloco(void);
 
 typedef struct distro_diloco_stats {
   distro_step_stats inner;   /* the inner optimizer's step */
@@ -87,7 +117,8 @@ typedef struct distro_diloco_stats {
   int fragment_sent;         /* fragment whose exchange started here, or -1 */
   int fragment_applied;      /* fragment merged into the local parameters here, or -1 */
   uint64_t outer_bytes_sent;     /* this rank's outer payload started here */
-  uint64_t outer_bytes_received; /* the other learners' payloads */
+  uint64_t outer_bytes_received; /* the other learners' payloads (sparse: sizes
+                                    vary, counted when the exchange is applied) */
   uint64_t peak_outer_bytes_sent;  /* largest outer_bytes_sent of any call so far */
   uint64_t total_outer_bytes_sent; /* sum since the start of training (saved) */
   double seconds_outer;      /* on this thread: encode, exchange, merge, apply */
@@ -100,8 +131,10 @@ typedef struct distro_diloco distro_diloco;
  * inner optimizer's registered tensors are the parameters (register them,
  * before the first distro_diloco_step). Every learner must pass the same
  * options. Checks H >= 1, 1 <= P <= H, 0 <= tau < H/P, known codec, merge and
- * fragmenting, and P <= the number of blocks (strided: layers) when tensors
- * are already registered (DISTRO_ERR_INVALID). */
+ * fragmenting, compressor, density in (0, 1], ef_beta in [0, 1), sparse_chunk,
+ * sparse_dct and a sparse_values codec with magnitudes, and P <= the number
+ * of blocks (strided: layers) when tensors are already registered
+ * (DISTRO_ERR_INVALID, naming the field). */
 DISTRO_API distro_status distro_diloco_create(const distro_diloco_options *o, distro_optim *inner,
                                               distro_comm *outer, distro_diloco **out);
 
@@ -123,7 +156,8 @@ DISTRO_API distro_status distro_diloco_set_tensor(distro_diloco *d, const char *
  * schedule did not advance. An outer failure is returned after the inner
  * step was applied (inner_done == 1): a corrupt or non-finite payload from
  * any learner (DISTRO_ERR_PAYLOAD) drops that exchange on every learner and
- * leaves the global copy and the local parameters as they were. */
+ * leaves the global copy and the local parameters (and with sparse outer
+ * gradients every learner's error feedback) as they were. */
 DISTRO_API distro_status distro_diloco_step(distro_diloco *d, float lr_inner, uint64_t tokens,
                                             distro_diloco_stats *stats /* may be NULL */);
 
@@ -144,11 +178,14 @@ DISTRO_API distro_status distro_diloco_sync_all(distro_diloco *d, distro_diloco_
 DISTRO_API distro_status distro_diloco_get_global(distro_diloco *d, const char *name, float *out, int64_t numel);
 
 /* Outer payload bytes of fragment p (header and checksum included), and the
- * fragment's parameter count. Available once tensors are registered. */
+ * fragment's parameter count. Available once tensors are registered. Sparse
+ * payloads vary with the data: this is their upper bound (real sizes are in
+ * the stats). */
 DISTRO_API distro_status distro_diloco_fragment_bytes(distro_diloco *d, int p, uint64_t *bytes, int64_t *numel);
 
-/* Outer state (global copy, outer momentum, schedule position, per-fragment
- * token counters, an exchange awaiting application), atomic and checksummed.
+/* Outer state (global copy, outer momentum, sparse: error feedback, schedule
+ * position, per-fragment token counters, an exchange awaiting application),
+ * atomic and checksummed.
  * The inner optimizer's state and the parameters are saved separately
  * (distro_optim_save; the caller's buffers). save completes an exchange in
  * flight first. load: before the first step or between steps. */

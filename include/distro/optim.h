@@ -26,7 +26,10 @@ typedef enum {
   DISTRO_VALUES_BF16,  /* 2 bytes, round-to-nearest-even */
   DISTRO_VALUES_SIGN1, /* 1 bit: sign only; receivers use +-1 (a vote) */
   DISTRO_VALUES_INT8,  /* per-chunk bf16 scale + 8-bit integers (wire v2) */
-  DISTRO_VALUES_INT4   /* per-chunk bf16 scale + 4-bit integers (wire v2) */
+  DISTRO_VALUES_INT4,  /* per-chunk bf16 scale + 4-bit integers (wire v2) */
+  DISTRO_VALUES_INT2   /* per-chunk bf16 scale s + 2-bit codes q: (q + 1/2) s,
+                          q in -2..1; for sparse DiLoCo outer gradients
+                          (distro_diloco_options.sparse_values), not the DeMo step */
 } distro_values;
 
 #define DISTRO_OPTIONS_VERSION 1

@@ -10,7 +10,8 @@
 
 /* The rows of the comparison, each with its tuned settings (README.md,
  * "Tuning"). The all-reduce baseline first: the others are measured against it. */
-#define NO_DILOCO GPT_OPT_ADAMW, 0, 0, 0, DISTRO_OUTER_F32, 0.0f, 0.0f
+#define DENSE_OUTER DISTRO_OUTER_DENSE, 0.0f, 0.0f, DISTRO_VALUES_F32
+#define NO_DILOCO GPT_OPT_ADAMW, 0, 0, 0, DISTRO_OUTER_F32, 0.0f, 0.0f, DENSE_OUTER
 static const variant VARIANTS[] = {
     /* name          optimizer             lr       warmup chunk topk decay   values */
     {"adamw",        GPT_OPT_ADAMW,        4e-3f,   0.05f, 0,    0,   0.0f,   DISTRO_VALUES_F32,   NO_DILOCO},
@@ -21,11 +22,16 @@ static const variant VARIANTS[] = {
      * the first row is also the default of --optim diloco.
      *                                                                        inner        M  H   P  codec */
     {"diloco",       GPT_OPT_DILOCO,       4e-3f,   0.05f, 0,    0,   0.0f,   DISTRO_VALUES_F32,
-     GPT_OPT_ADAMW, 4, 15, 1, DISTRO_OUTER_INT4, 1.0f, 0.0f},
+     GPT_OPT_ADAMW, 4, 15, 1, DISTRO_OUTER_INT4, 1.0f, 0.0f, DENSE_OUTER},
     {"diloco-f32",   GPT_OPT_DILOCO,       4e-3f,   0.05f, 0,    0,   0.0f,   DISTRO_VALUES_F32,
-     GPT_OPT_ADAMW, 4, 15, 1, DISTRO_OUTER_F32, 1.0f, 0.0f},
+     GPT_OPT_ADAMW, 4, 15, 1, DISTRO_OUTER_F32, 1.0f, 0.0f, DENSE_OUTER},
     {"diloco-stream", GPT_OPT_DILOCO,      4e-3f,   0.05f, 0,    0,   0.0f,   DISTRO_VALUES_F32,
-     GPT_OPT_ADAMW, 4, 15, 3, DISTRO_OUTER_INT4, 1.0f, 0.0f},
+     GPT_OPT_ADAMW, 4, 15, 3, DISTRO_OUTER_INT4, 1.0f, 0.0f, DENSE_OUTER},
+    /* SparseLoCo: the diloco row's learners with sparse 2-bit outer gradients and error feedback, outer lr 2
+     * and beta 0.9 (tuned, README.md "SparseLoCo"); also the default of --optim sparseloco.
+     *                                                                          density  beta  values */
+    {"sparseloco",   GPT_OPT_DILOCO,       4e-3f,   0.05f, 0,    0,   0.0f,   DISTRO_VALUES_F32,
+     GPT_OPT_ADAMW, 4, 15, 1, DISTRO_OUTER_F32, 2.0f, 0.0f, DISTRO_OUTER_SPARSE, 0.02f, 0.9f, DISTRO_VALUES_INT2},
 };
 #define NVAR ((int)(sizeof VARIANTS / sizeof *VARIANTS))
 
@@ -33,6 +39,12 @@ const variant *tuned_variant(gpt_optim_kind k) {
   for (int i = 0; i < NVAR; i++)
     if (VARIANTS[i].optim == k) return &VARIANTS[i];
   return &VARIANTS[0];
+}
+
+const variant *named_variant(const char *name) {
+  for (int i = 0; i < NVAR; i++)
+    if (!strcmp(VARIANTS[i].name, name)) return &VARIANTS[i];
+  return NULL;
 }
 
 void apply_variant(train_config *c, const variant *v, const compare_overrides *ov) {
@@ -47,6 +59,12 @@ void apply_variant(train_config *c, const variant *v, const compare_overrides *o
     if (!ov->codec) c->diloco.codec = v->codec;
     if (!ov->outer_lr) c->diloco.outer_lr = v->outer_lr;
     if (!ov->outer_momentum) c->diloco.outer_momentum = v->outer_momentum;
+    c->diloco.compressor = v->compressor;
+    if (v->compressor == DISTRO_OUTER_SPARSE) {
+      if (!ov->density) c->diloco.density = v->density;
+      if (!ov->ef_beta) c->diloco.ef_beta = v->ef_beta;
+      if (!ov->sparse_values) c->diloco.sparse_values = v->sparse_values;
+    }
     v = tuned_variant(c->inner); /* the inner optimizer's DisTrO settings */
   }
   if (v->optim == GPT_OPT_ADAMW) return;
@@ -169,6 +187,22 @@ static void diloco_targets(const train_result *res, const train_config *cfg, con
   }
 }
 
+/* The targets of issue 17: sparseloco against the diloco row (int4) and the
+ * all-reduce. Outer bytes: both rows' learners have one rank, so their
+ * bytes per step are all outer. */
+static void sparseloco_targets(const train_result *res, const train_config *cfg, const char *const *names) {
+  const int a = row(names, "adamw"), q = row(names, "diloco"), s = row(names, "sparseloco");
+  if (a < 0 || q < 0 || s < 0 || res[s].sent_per_step <= 0) return;
+  const double gap = res[s].final_val / res[q].final_val - 1, fewer = res[q].sent_per_step / res[s].sent_per_step,
+               vs_ar = res[a].sent_per_step / res[s].sent_per_step;
+  printf("SparseLoCo: %s (%g%% density, %s values, H %d): val loss %+.2f%% vs %s (target <= +1%%): %s;\n"
+         "  %.1fx fewer outer bytes per step than %s (target >= 20x): %s; %.0fx fewer than the all-reduce (target >= "
+         "2000x): %s.\n",
+         names[s], 100.0 * cfg[s].diloco.density, values_name(cfg[s].diloco.sparse_values), cfg[s].diloco.H,
+         100 * gap, names[q], gap <= 0.01 ? "met" : "MISSED", fewer, names[q], fewer >= 20 ? "met" : "MISSED", vs_ar,
+         vs_ar >= 2000 ? "met" : "MISSED");
+}
+
 int compare_run(const train_config *base, const compare_overrides *ov, const gpt_corpus *data, distro_comm *comm,
                 const char *plot_path) {
   const int lead = !comm || distro_comm_rank(comm) == 0;
@@ -222,10 +256,11 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
     }
     if (lead) {
       printf("\n== %s: %s", v->name, optim_name(c->optim));
+      char og[160];
       if (c->optim == GPT_OPT_DILOCO)
-        printf(" (%d learners x %d rank(s) x batch %d, inner %s, H %d, %d fragment(s), %s outer gradients)",
-               c->learners, c->ranks_per_learner, c->batch, optim_name(c->inner), c->diloco.H, c->diloco.fragments,
-               outer_codec_name(c->diloco.codec));
+        printf(" (%d learners x %d rank(s) x batch %d, inner %s, H %d, %d fragment(s), %s)", c->learners,
+               c->ranks_per_learner, c->batch, optim_name(c->inner), c->diloco.H, c->diloco.fragments,
+               outer_gradients_desc(&c->diloco, og, sizeof og));
       if (step_optim_kind(c) != GPT_OPT_ADAMW)
         printf(", topk %d, chunk %d, decay %g, %s values", c->topk, c->chunk, (double)c->decay,
                values_name(c->values));
@@ -263,7 +298,10 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
     char less[32];
     snprintf(less, sizeof less, "%.0fx", ref->sent_per_step / (r->sent_per_step > 0 ? r->sent_per_step : 1));
     char comp[64] = "-", b4[32];
-    if (cfg[i].optim == GPT_OPT_DILOCO)
+    if (cfg[i].optim == GPT_OPT_DILOCO && cfg[i].diloco.compressor == DISTRO_OUTER_SPARSE)
+      snprintf(comp, sizeof comp, "%d/%d/%d/%s@%g%%", cfg[i].learners, cfg[i].diloco.H, cfg[i].diloco.fragments,
+               values_name(cfg[i].diloco.sparse_values), 100.0 * cfg[i].diloco.density);
+    else if (cfg[i].optim == GPT_OPT_DILOCO)
       snprintf(comp, sizeof comp, "%d/%d/%d/%s", cfg[i].learners, cfg[i].diloco.H, cfg[i].diloco.fragments,
                outer_codec_name(cfg[i].diloco.codec));
     else if (cfg[i].optim != GPT_OPT_ADAMW)
@@ -297,6 +335,7 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
          names[best], 100 * gap, gap <= 0.03 ? "met" : "MISSED", fewer, fewer >= 50 ? "met" : "MISSED",
          100 * worst_share, worst_share <= 0.15 ? "met" : "MISSED", NVAR, fmt_duration(d1, sizeof d1, total));
   diloco_targets(res, cfg, names);
+  sparseloco_targets(res, cfg, names);
   fflush(stdout);
 
   int rc = 0;

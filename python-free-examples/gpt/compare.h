@@ -10,6 +10,7 @@
 typedef struct {
   int lr, warmup, topk, chunk, decay, values, wd;
   int inner, learners, ranks_per_learner, H, fragments, codec, outer_lr, outer_momentum; /* DiLoCo */
+  int density, ef_beta, sparse_values; /* SparseLoCo */
 } compare_overrides;
 
 /* Runs every variant with `base` (steps, batch, model, seed, ...). Rank 0
@@ -33,11 +34,18 @@ typedef struct {
   int learners, H, fragments;
   distro_outer_codec codec;
   float outer_lr, outer_momentum;
+  /* SparseLoCo rows: sparse outer gradients (chunk and DCT: the library's
+   * defaults unless given) */
+  distro_outer_compressor compressor;
+  float density, ef_beta;
+  distro_values sparse_values;
 } variant;
 
 /* The tuned settings of an optimizer (its first row in the comparison),
  * also the defaults of a single run. */
 const variant *tuned_variant(gpt_optim_kind k);
+/* The row called `name` (NULL if none): the defaults of --optim sparseloco. */
+const variant *named_variant(const char *name);
 
 /* Sets c's optimizer and those of its settings the user did not fix. */
 void apply_variant(train_config *c, const variant *v, const compare_overrides *ov);

@@ -28,10 +28,17 @@ static void usage(FILE *f) {
     n += (size_t)snprintf(defaults + n, sizeof defaults - n, "\n");
   }
   const variant *d = tuned_variant(GPT_OPT_DILOCO);
+  n += (size_t)snprintf(defaults + n, sizeof defaults - n,
+                        "                        %-13s lr %g, warm-up %g%%, inner %s, %d learners, H %d, %d fragment(s), "
+                        "%s outer\n",
+                        "diloco", (double)d->lr, 100.0 * d->warmup, optim_name(d->inner), d->learners, d->H,
+                        d->fragments, outer_codec_name(d->codec));
+  const variant *sp = named_variant("sparseloco");
   snprintf(defaults + n, sizeof defaults - n,
-           "                        %-13s lr %g, warm-up %g%%, inner %s, %d learners, H %d, %d fragment(s), %s outer\n",
-           "diloco", (double)d->lr, 100.0 * d->warmup, optim_name(d->inner), d->learners, d->H, d->fragments,
-           outer_codec_name(d->codec));
+           "                        %-13s as diloco with H %d, outer lr %g, sparse %s outer gradients at %g%% density,\n"
+           "                                      error feedback beta %g\n",
+           "sparseloco", sp->H, (double)sp->outer_lr, values_name(sp->sparse_values), 100.0 * sp->density,
+           (double)sp->ef_beta);
   fprintf(f,
 "usage: gpt-train [options]             in-process ranks (threads)\n"
 "       mpirun -np N gpt-train --mpi [options]   one rank per MPI process\n"
@@ -49,8 +56,9 @@ static void usage(FILE *f) {
 "optimizer\n"
 "  --optim NAME        adamw (gradient all-reduce + AdamW), distro (DeMo sign update),\n"
 "                      distro-adamw (DisTrO exchange feeding AdamW), diloco (learners\n"
-"                      with one of those inside, and an outer step) or decoupled (one\n"
-"                      learner of a distro-syncer job); default distro\n"
+"                      with one of those inside, and an outer step), sparseloco (diloco\n"
+"                      with sparse 2-bit outer gradients and error feedback) or decoupled\n"
+"                      (one learner of a distro-syncer job); default distro\n"
 "  --lr X              peak learning rate (default: the optimizer's, below)\n"
 "  --lr-final F        final lr as a fraction of the peak (0.1)\n"
 "  --warmup N          linear warm-up steps (default: the optimizer's fraction of the steps)\n"
@@ -79,6 +87,12 @@ static void usage(FILE *f) {
 "  --outer-block N     elements per scale of int8/int4/fp4 outer gradients (64)\n"
 "  --merge M           mean, tokens, radial or radial-tokens (mean)\n"
 "  --progress-thread   run each sync on a helper thread while inner steps continue\n"
+"SparseLoCo (--optim sparseloco: the DiLoCo flags above, and docs/diloco.md)\n"
+"  --density X         kept fraction of each chunk of the error-feedback buffer, (0, 1]\n"
+"  --sparse-chunk N    chunk edge: N x N tiles of matrices, N^2-element runs otherwise (64)\n"
+"  --dct on|off        top-k of each tile's DCT instead of the values (off)\n"
+"  --ef-beta X         error feedback e <- X*e + outer gradient, [0, 1)\n"
+"  --sparse-values V   int2 (2 bits + a scale per chunk), int4, int8, bf16 or f32\n"
 "Decoupled DiLoCo (--optim decoupled; python-free-examples/decoupled/README.md)\n"
 "                      this run is one learner of a job held by distro-syncer (which\n"
 "                      sets the fragments, H, codec, merge and outer step); its --ranks\n"
@@ -109,8 +123,9 @@ static void usage(FILE *f) {
 "  --quiet             no progress lines\n"
 "comparison\n"
 "  --compare           run the rows above (adamw, distro, distro-adamw, distro-ref: DeMo's\n"
-"                      reference setting, and the DiLoCo rows diloco-f32, diloco and\n"
-"                      diloco-stream) on the same data, seed and tokens and print a table;\n"
+"                      reference setting, the DiLoCo rows diloco-f32, diloco and\n"
+"                      diloco-stream, and sparseloco) on the same data, seed and tokens\n"
+"                      and print a table;\n"
 "                      settings you give apply to every row they concern. The DiLoCo\n"
 "                      rows split the baseline's ranks x batch over their learners.\n"
 "  --plot FILE.png     with --compare: plot validation loss and bytes with gnuplot\n"
@@ -179,6 +194,7 @@ int main(int argc, char **argv) {
   c.ranks_per_learner = 1;
   c.diloco = distro_diloco_options_default();
   int ranks_given = 0, diloco_flags = 0, inner_given = 0, decoupled_flags = 0, id_given = 0;
+  int sparseloco = 0, sparse_flags = 0; /* --optim sparseloco: DiLoCo with sparse outer gradients */
   c.eval_every = 25;
   c.eval_batches = 4;
   c.print_every = 10;
@@ -207,7 +223,7 @@ int main(int argc, char **argv) {
         "--resume", "--stop-after", "--plot",      "--inner",    "--learners", "--ranks-per-learner",
         "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
         "--outer-codec", "--outer-block", "--merge", "--syncer", "--learner-id", "--step-delay-ms", "--time-limit",
-        "--start-step"};
+        "--start-step", "--density", "--sparse-chunk", "--dct", "--ef-beta", "--sparse-values"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(a, valued[k]);
     if (!known) return bad("unknown option '%s'%s", a, "");
@@ -225,7 +241,9 @@ int main(int argc, char **argv) {
       else if (!strcmp(v, "distro-adamw")) c.optim = GPT_OPT_DISTRO_ADAMW;
       else if (!strcmp(v, "diloco")) c.optim = GPT_OPT_DILOCO;
       else if (!strcmp(v, "decoupled")) c.optim = GPT_OPT_DECOUPLED;
-      else return bad("--optim: '%s' is not one of adamw, distro, distro-adamw, diloco, decoupled%s", v, "");
+      else if (!strcmp(v, "sparseloco")) c.optim = GPT_OPT_DILOCO;
+      else return bad("--optim: '%s' is not one of adamw, distro, distro-adamw, diloco, sparseloco, decoupled%s", v, "");
+      sparseloco = !strcmp(v, "sparseloco");
     } else if (!strcmp(a, "--inner")) {
       if (!strcmp(v, "adamw")) c.inner = GPT_OPT_ADAMW;
       else if (!strcmp(v, "distro")) c.inner = GPT_OPT_DISTRO;
@@ -262,6 +280,31 @@ int main(int argc, char **argv) {
       else if (!strcmp(v, "radial-tokens")) c.diloco.merge = DISTRO_MERGE_RADIAL_TOKENS;
       else return bad("--merge: '%s' is not one of mean, tokens, radial, radial-tokens%s", v, "");
       diloco_flags = 1;
+    } else if (!strcmp(a, "--density")) {
+      rc = parse_float(a, v, 0, &c.diloco.density);
+      if (!rc && !(c.diloco.density > 0 && c.diloco.density <= 1)) return bad("--density must be in (0, 1]%s%s", "", "");
+      ov.density = sparse_flags = 1;
+    } else if (!strcmp(a, "--sparse-chunk")) {
+      rc = parse_int(a, v, 1, &c.diloco.sparse_chunk);
+      if (!rc && c.diloco.sparse_chunk > 256) return bad("--sparse-chunk must be <= 256%s%s", "", "");
+      sparse_flags = 1;
+    } else if (!strcmp(a, "--dct")) {
+      if (!strcmp(v, "on")) c.diloco.sparse_dct = 1;
+      else if (!strcmp(v, "off")) c.diloco.sparse_dct = 0;
+      else return bad("--dct: '%s' is not on or off%s", v, "");
+      sparse_flags = 1;
+    } else if (!strcmp(a, "--ef-beta")) {
+      rc = parse_float(a, v, 0, &c.diloco.ef_beta);
+      if (!rc && c.diloco.ef_beta >= 1) return bad("--ef-beta must be < 1%s%s", "", "");
+      ov.ef_beta = sparse_flags = 1;
+    } else if (!strcmp(a, "--sparse-values")) {
+      if (!strcmp(v, "int2")) c.diloco.sparse_values = DISTRO_VALUES_INT2;
+      else if (!strcmp(v, "int4")) c.diloco.sparse_values = DISTRO_VALUES_INT4;
+      else if (!strcmp(v, "int8")) c.diloco.sparse_values = DISTRO_VALUES_INT8;
+      else if (!strcmp(v, "bf16")) c.diloco.sparse_values = DISTRO_VALUES_BF16;
+      else if (!strcmp(v, "f32")) c.diloco.sparse_values = DISTRO_VALUES_F32;
+      else return bad("--sparse-values: '%s' is not one of int2, int4, int8, bf16, f32%s", v, "");
+      ov.sparse_values = sparse_flags = 1;
     } else if (!strcmp(a, "--lr")) { rc = parse_float(a, v, 0, &c.lr); ov.lr = 1; }
     else if (!strcmp(a, "--lr-final")) rc = parse_float(a, v, 0, &c.lr_final);
     else if (!strcmp(a, "--warmup")) { rc = parse_int(a, v, 0, &c.warmup); ov.warmup = 1; }
@@ -360,9 +403,12 @@ int main(int argc, char **argv) {
       apply_variant(&c, tuned_variant(c.inner), &ov);
       c.optim = GPT_OPT_DECOUPLED;
     } else {
-      apply_variant(&c, tuned_variant(c.optim), &ov);
+      apply_variant(&c, sparseloco ? named_variant("sparseloco") : tuned_variant(c.optim), &ov);
     }
   }
+  if (sparse_flags && !compare && !sparseloco)
+    return bad("--density, --sparse-chunk, --dct, --ef-beta and --sparse-values are SparseLoCo settings: add --optim "
+               "sparseloco%s%s", "", "");
   if (c.warmup > c.steps) return bad("--warmup must be <= --steps%s%s", "", "");
   if (c.optim == GPT_OPT_ADAMW && !compare && (ov.topk || ov.chunk || ov.decay || ov.values))
     return bad("--topk, --chunk, --decay and --values are DisTrO settings; --optim adamw takes none%s%s", "", "");
@@ -418,15 +464,16 @@ int main(int argc, char **argv) {
     } else {
       train_result res;
       if (lead && !c.quiet) {
-        printf("optimizer: %s, lr %g", optim_name(c.optim), (double)c.lr);
+        printf("optimizer: %s, lr %g", sparseloco ? "sparseloco" : optim_name(c.optim), (double)c.lr);
         if (c.optim == GPT_OPT_DECOUPLED)
           printf(", learner %d of the syncer at %s, %d rank(s), inner %s%s", c.learner_id, c.syncer, c.ranks,
                  optim_name(c.inner), c.step_delay_ms > 0 ? ", slowed down" : "");
+        char og[160];
         if (c.optim == GPT_OPT_DILOCO)
-          printf(", %d learners x %d rank(s), inner %s, H %d, %d fragment(s), overlap %d, %s outer gradients, "
+          printf(", %d learners x %d rank(s), inner %s, H %d, %d fragment(s), overlap %d, %s, "
                  "%s merge, outer lr %g, momentum %g",
                  c.learners, c.ranks_per_learner, optim_name(c.inner), c.diloco.H, c.diloco.fragments,
-                 c.diloco.overlap, outer_codec_name(c.diloco.codec), merge_name(c.diloco.merge),
+                 c.diloco.overlap, outer_gradients_desc(&c.diloco, og, sizeof og), merge_name(c.diloco.merge),
                  (double)c.diloco.outer_lr, (double)c.diloco.outer_momentum);
         if (step_optim_kind(&c) != GPT_OPT_ADAMW)
           printf(", topk %d, chunk %d, decay %g, %s values", c.topk, c.chunk, (double)c.decay, values_name(c.values));

@@ -37,6 +37,7 @@ const char *values_name(distro_values v) {
     case DISTRO_VALUES_SIGN1: return "sign1";
     case DISTRO_VALUES_INT8: return "int8";
     case DISTRO_VALUES_INT4: return "int4";
+    case DISTRO_VALUES_INT2: return "int2";
   }
   return "?";
 }
@@ -60,6 +61,16 @@ const char *merge_name(distro_merge k) {
     case DISTRO_MERGE_RADIAL_TOKENS: return "radial-tokens";
   }
   return "?";
+}
+
+const char *outer_gradients_desc(const distro_diloco_options *o, char *buf, size_t n) {
+  if (o->compressor != DISTRO_OUTER_SPARSE)
+    snprintf(buf, n, "%s outer gradients", outer_codec_name(o->codec));
+  else
+    snprintf(buf, n, "sparse %s outer gradients (%g%% of each %dx%d chunk%s, error feedback beta %g)",
+             values_name(o->sparse_values), 100.0 * o->density, o->sparse_chunk, o->sparse_chunk,
+             o->sparse_dct ? " of the DCT" : "", (double)o->ef_beta);
+  return buf;
 }
 
 typedef struct {

@@ -22,6 +22,9 @@ const char *optim_name(gpt_optim_kind k);
 const char *values_name(distro_values v);
 const char *outer_codec_name(distro_outer_codec k);
 const char *merge_name(distro_merge k);
+/* "int4 outer gradients", or for sparse ones "sparse int2 outer gradients
+ * (2% of each 64x64 chunk, error feedback beta 0.95)"; returns buf. */
+const char *outer_gradients_desc(const distro_diloco_options *o, char *buf, size_t n);
 
 typedef struct {
   gpt_config model;

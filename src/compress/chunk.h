@@ -23,4 +23,11 @@ typedef struct distro__tiling {
 
 distro_status distro__tiling_init(distro__tiling *t, int ndim, const int64_t *shape, int64_t target, int64_t topk);
 
+/* Position in the (rows, cols) layout of in-chunk index i (row-major within
+ * the h x w tile) of chunk c (tiles numbered row-major). */
+static inline int64_t distro__tile_offset(const distro__tiling *t, int64_t c, uint32_t i) {
+  const int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
+  return (r0 + i / t->w) * t->cols + c0 + i % t->w;
+}
+
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/bytes.h"
+#include "common/crc32c.h"
 #include "common/error.h"
 #include "compress/wire.h"
 
@@ -121,6 +122,7 @@ void distro__outer_encode(distro_outer_codec c, const float *x, int64_t n, int b
   /* Nibble codecs: an odd block size puts two blocks in one byte; handle
    * such blocks on one thread so no byte is written by two. */
   const int shared_bytes = c != DISTRO_OUTER_INT8 && (block & 1);
+  (void)shared_bytes; /* read by the pragma only: unused without OpenMP */
   if (c != DISTRO_OUTER_INT8 && (n & 1)) codes[n >> 1] = 0; /* padding nibble */
 #pragma omp parallel for schedule(static) if (n > PAR_MIN && !shared_bytes)
   for (int64_t b = 0; b < nb; b++) {
@@ -227,4 +229,54 @@ void distro__outer_decode(distro_outer_codec c, const uint8_t *in, int64_t n, in
 void distro__outer_decode_axpy(distro_outer_codec c, const uint8_t *in, int64_t n, int block, float coef, float *acc,
                                int first) {
   decode_into(c, in, n, block, coef, acc, first ? 1 : 2);
+}
+
+/* ---- payload header ------------------------------------------------------- */
+
+void distro__dlc_put_header(uint8_t *b, const distro__dlc_head *h) {
+  memset(b, 0, DISTRO__DLC_HEADER);
+  distro__put_u32(b, DISTRO__DLC_MAGIC);
+  distro__put_u16(b + 4, (uint16_t)h->version);
+  distro__put_u16(b + 6, (uint16_t)h->codec);
+  distro__put_u32(b + 8, h->learner);
+  distro__put_u32(b + 12, h->fragment);
+  distro__put_u64(b + 16, h->round);
+  distro__put_u64(b + 24, h->tokens);
+  distro__put_u64(b + 32, h->steps);
+  distro__put_u64(b + 40, h->elements);
+  distro__put_u32(b + 48, h->flags);
+  distro__put_u32(b + 52, h->block);
+}
+
+distro_status distro__dlc_check_header(const uint8_t *b, size_t size, int r, const distro__dlc_head *want,
+                                       distro__dlc_head *got) {
+  const unsigned p = want->fragment;
+  if (distro__get_u32(b + size - 4) != distro__crc32c(b, size - 4))
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d's payload for fragment %u failed its checksum", r, p);
+  if (distro__get_u32(b) != DISTRO__DLC_MAGIC || distro__get_u16(b + 4) != want->version)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d's payload is not an outer payload of version %u", r,
+                        want->version);
+  if (distro__get_u16(b + 6) != want->codec || distro__get_u32(b + 52) != want->block)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d used a different codec or codec block", r);
+  if (distro__get_u32(b + 8) != (uint32_t)r)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: the payload in learner %d's slot says it is from learner %u", r,
+                        distro__get_u32(b + 8));
+  if (distro__get_u32(b + 12) != p || distro__get_u64(b + 16) != want->round)
+    return distro__fail(DISTRO_ERR_PAYLOAD,
+                        "diloco: learner %d sent fragment %u of step %llu, expected fragment %u of step %llu", r,
+                        distro__get_u32(b + 12), (unsigned long long)distro__get_u64(b + 16), p,
+                        (unsigned long long)want->round);
+  if (distro__get_u64(b + 40) != want->elements)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d's fragment %u has %llu elements, expected %llu", r, p,
+                        (unsigned long long)distro__get_u64(b + 40), (unsigned long long)want->elements);
+  const uint32_t flags = distro__get_u32(b + 48);
+  if ((flags & ~DISTRO__DLC_FLAG_ABORT) != want->flags)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d set flags 0x%x, expected 0x%x (besides abort)", r,
+                        flags, want->flags);
+  if (flags & DISTRO__DLC_FLAG_ABORT)
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d's outer gradient for fragment %u is not finite", r, p);
+  *got = *want;
+  got->tokens = distro__get_u64(b + 24);
+  got->steps = distro__get_u64(b + 32);
+  return DISTRO_OK;
 }

@@ -65,11 +65,6 @@ static void sort_indices(uint32_t *idx, int64_t k) {
   }
 }
 
-static inline int64_t chunk_offset(const distro__tiling *t, int64_t c, uint32_t i) {
-  int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
-  return (r0 + i / t->w) * t->cols + c0 + i % t->w;
-}
-
 /* Selects the k largest of one chunk whose magnitude bits are in mag[0..n):
  * a 256-bucket histogram of the exponent finds the bucket holding the k-th
  * largest; everything above it is in, and only that bucket's members go
@@ -128,7 +123,7 @@ void distro__topk_tiles(const distro__tiling *t, const float *coef, uint32_t *id
         for (int64_t j = 0; j < k; j++) {
           uint64_t best = 0;
           for (int64_t i = 0; i < n; i++) {
-            uint64_t key = topk_key(coef[chunk_offset(t, c, (uint32_t)i)], (uint32_t)i);
+            uint64_t key = topk_key(coef[distro__tile_offset(t, c, (uint32_t)i)], (uint32_t)i);
             if (key < prev && key > best) best = key;
           }
           ci[j] = 0xffffffffu - (uint32_t)(best & 0xffffffffu);
@@ -136,7 +131,7 @@ void distro__topk_tiles(const distro__tiling *t, const float *coef, uint32_t *id
         }
         sort_indices(ci, k);
       }
-      for (int64_t j = 0; j < k; j++) cv[j] = coef[chunk_offset(t, c, ci[j])];
+      for (int64_t j = 0; j < k; j++) cv[j] = coef[distro__tile_offset(t, c, ci[j])];
     }
     free(mag);
     free(cand);
@@ -147,5 +142,5 @@ void distro__topk_zero_selected(const distro__tiling *t, float *coef, const uint
   const int64_t k = t->k;
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < t->nchunks; c++)
-    for (int64_t j = 0; j < k; j++) coef[chunk_offset(t, c, idx[c * k + j])] = 0.0f;
+    for (int64_t j = 0; j < k; j++) coef[distro__tile_offset(t, c, idx[c * k + j])] = 0.0f;
 }

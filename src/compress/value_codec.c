@@ -39,6 +39,14 @@ static inline int quantize(float v, float s, int qmax) {
   return (int)(q > qmax ? qmax : q < -qmax ? -qmax : q);
 }
 
+/* INT2: the code c in 0..3 of the level (c - 3/2) s nearest to v, for
+ * |v| <= 2s: floor(v / s) + 2, clamped (v = 2s lands on the top level). */
+static inline unsigned quantize2(float v, float s) {
+  if (s == 0.0f) return 2u;
+  const float q = floorf(v / s);
+  return q >= 1.0f ? 3u : q <= -2.0f ? 0u : (unsigned)(int)q + 2u;
+}
+
 static uint64_t bf16_bits(const float *val, int64_t nchunks, int64_t k, int b) {
   uint64_t bits = 0;
   for (int64_t c = 0; c < nchunks; c++) {
@@ -59,6 +67,7 @@ size_t distro__val_plan(distro_values v, const float *val, int64_t nchunks, int6
     case DISTRO_VALUES_SIGN1: return (count + 7) / 8;
     case DISTRO_VALUES_INT8: return (uint64_t)nchunks * 2 + count;
     case DISTRO_VALUES_INT4: return (uint64_t)nchunks * 2 + (count + 1) / 2;
+    case DISTRO_VALUES_INT2: return (uint64_t)nchunks * 2 + (count + 3) / 4;
     case DISTRO_VALUES_BF16: {
       /* Plain 16-bit words (param 15) unless the exponent code is smaller. */
       uint64_t best = 16 * count;
@@ -114,6 +123,15 @@ size_t distro__val_encode(distro_values v, int param, const float *val, int64_t 
         const float s = distro__bf16_to_float(quant_scale(val + c * k, k, qmax));
         for (int64_t j = 0; j < k; j++)
           distro__bitw_put(&w, (uint64_t)(quantize(val[c * k + j], s, qmax) & ((1 << bits) - 1)), bits);
+      }
+      break;
+    }
+    case DISTRO_VALUES_INT2: {
+      /* The scale rounds absmax/2 up, so every |value| <= 2s. */
+      for (int64_t c = 0; c < nchunks; c++) distro__bitw_put(&w, quant_scale(val + c * k, k, 2), 16);
+      for (int64_t c = 0; c < nchunks; c++) {
+        const float s = distro__bf16_to_float(quant_scale(val + c * k, k, 2));
+        for (int64_t j = 0; j < k; j++) distro__bitw_put(&w, quantize2(val[c * k + j], s), 2);
       }
       break;
     }
@@ -173,6 +191,24 @@ int distro__val_decode(distro_values v, int param, const uint8_t *in, size_t len
           if (q < -qmax) return -1;              /* -128 / -8 are never written */
           val[c * k + j] = (float)q * s;
           if (!isfinite(val[c * k + j])) return -1; /* a scale no encoder writes */
+        }
+      }
+      if (r.error) return -1;
+      if ((r.pos + 7) / 8 != r.len || (r.pos % 8 && (r.buf[r.len - 1] >> (r.pos % 8)))) return -1;
+      return 0;
+    }
+    case DISTRO_VALUES_INT2: {
+      if (len < (size_t)nchunks * 2) return -1;
+      const uint8_t *scales = in;
+      distro__bitr_init(&r, in + nchunks * 2, len - (size_t)nchunks * 2);
+      for (int64_t c = 0; c < nchunks; c++) {
+        const uint16_t raw = (uint16_t)(scales[2 * c] | scales[2 * c + 1] << 8);
+        const float s = distro__bf16_to_float(raw);
+        if ((raw & 0x8000u) || !isfinite(2.0f * s)) return -1; /* encoders write 0 <= s, 2s finite */
+        for (int64_t j = 0; j < k; j++) {
+          const unsigned code = (unsigned)distro__bitr_get(&r, 2);
+          if (s == 0.0f && code != 2u) return -1; /* the only code written with a zero scale */
+          val[c * k + j] = ((float)code - 1.5f) * s;
         }
       }
       if (r.error) return -1;

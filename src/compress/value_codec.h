@@ -8,6 +8,9 @@
  *   SIGN1  1 bit per value; receivers use +-1
  *   INT8   per chunk a bf16 scale, then value/scale rounded to [-127, 127]
  *   INT4   per chunk a bf16 scale, then value/scale rounded to [-7, 7]
+ *   INT2   per chunk a bf16 scale s >= absmax/2, then 2-bit codes c for
+ *          the levels (c - 3/2) s: floor(value/s) clamped to [-2, 1], so
+ *          |error| <= s/2; a zero scale only with code 2 (level +0)
  * Decoded values are what every rank aggregates, the sender's own included. */
 #ifndef DISTRO_COMPRESS_VALUE_CODEC_H
 #define DISTRO_COMPRESS_VALUE_CODEC_H

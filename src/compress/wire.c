@@ -39,7 +39,8 @@ size_t distro__wire_value_bytes(distro_values v, int64_t count) {
     case DISTRO_VALUES_BF16: return 2 * (size_t)count;
     case DISTRO_VALUES_SIGN1: return ((size_t)count + 7) / 8;
     case DISTRO_VALUES_INT8:
-    case DISTRO_VALUES_INT4: break; /* wire v2 only */
+    case DISTRO_VALUES_INT4:
+    case DISTRO_VALUES_INT2: break; /* wire v2 only */
   }
   return 0;
 }
@@ -54,7 +55,8 @@ float distro__wire_value(const uint8_t *sec, distro_values v, int64_t j) {
     case DISTRO_VALUES_BF16: return distro__bf16_to_float(distro__get_u16(sec + 2 * j));
     case DISTRO_VALUES_SIGN1: return (sec[j >> 3] >> (j & 7)) & 1 ? -1.0f : 1.0f;
     case DISTRO_VALUES_INT8:
-    case DISTRO_VALUES_INT4: break; /* wire v2 only */
+    case DISTRO_VALUES_INT4:
+    case DISTRO_VALUES_INT2: break; /* wire v2 only */
   }
   return 0.0f;
 }
@@ -152,7 +154,8 @@ void distro__wire_write_tensor(uint8_t *buf, const distro__wire_layout *l, const
       break;
     }
     case DISTRO_VALUES_INT8:
-    case DISTRO_VALUES_INT4: break; /* wire v2 only; rejected by the layout */
+    case DISTRO_VALUES_INT4:
+    case DISTRO_VALUES_INT2: break; /* wire v2 only; rejected by the layout */
   }
 }
 

@@ -22,6 +22,7 @@ static size_t value_bound(distro_values v, int64_t nchunks, int64_t k) {
     case DISTRO_VALUES_SIGN1: return (count + 7) / 8;
     case DISTRO_VALUES_INT8: return 2 * (size_t)nchunks + count;
     case DISTRO_VALUES_INT4: return 2 * (size_t)nchunks + (count + 1) / 2;
+    case DISTRO_VALUES_INT2: return 2 * (size_t)nchunks + (count + 3) / 4;
   }
   return 0;
 }

@@ -35,6 +35,20 @@ distro_diloco_options distro_diloco_options_default(void) {
   o.fragmenting = DISTRO_FRAG_BALANCED;
   o.max_block = 0;
   o.progress_thread = 0;
+  o.compressor = DISTRO_OUTER_DENSE;
+  o.density = 0.02f;
+  o.sparse_chunk = 64;
+  o.sparse_dct = 0;
+  o.ef_beta = 0.95f;
+  o.sparse_values = DISTRO_VALUES_INT2;
+  return o;
+}
+
+distro_diloco_options distro_diloco_options_sparseloco(void) {
+  distro_diloco_options o = distro_diloco_options_default();
+  o.compressor = DISTRO_OUTER_SPARSE;
+  o.outer_lr = 1.0f;
+  o.outer_momentum = 0.0f;
   return o;
 }
 
@@ -74,7 +88,7 @@ static distro_status options_check(const distro_diloco_options *o) {
     return distro__fail(DISTRO_ERR_INVALID, "diloco: max_block must be >= 0 (got %lld)", (long long)o->max_block);
   if (o->progress_thread != 0 && o->progress_thread != 1)
     return distro__fail(DISTRO_ERR_INVALID, "diloco: progress_thread must be 0 or 1 (got %d)", o->progress_thread);
-  return DISTRO_OK;
+  return distro__sparse_options_check(o);
 }
 
 /* ---- lifecycle ------------------------------------------------------------ */
@@ -153,6 +167,7 @@ distro_status distro_diloco_set_tensor(distro_diloco *d, const char *name, int l
 }
 
 static void free_layout(distro_diloco *d) {
+  distro__sparse_free(d); /* first: it walks the fragments */
   if (d->global)
     for (int p = 0; p < d->frags.nfrag; p++) free(d->global[p]);
   if (d->mom)
@@ -272,6 +287,7 @@ distro_status distro__diloco_prepare(distro_diloco *d) {
     d->mom[p] = calloc((size_t)elems, sizeof(float));
     if (!d->global[p] || !d->mom[p]) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the global copy");
   }
+  if (d->opt.compressor == DISTRO_OUTER_SPARSE) DISTRO_CHECK(distro__sparse_prepare(d)); /* sets the payload bounds */
   d->send = malloc(d->max_payload);
   d->recv = malloc(d->max_payload * (size_t)M);
   d->acc = malloc(sizeof(float) * (size_t)d->max_frag);
@@ -302,134 +318,6 @@ static void global_from_params(distro_diloco *d) {
     }
 }
 
-/* ---- hashing and agreement -------------------------------------------------- */
-
-static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
-  const uint8_t *p = data;
-  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
-  return h;
-}
-
-uint64_t distro__diloco_options_hash(const distro_diloco *d) {
-  const distro_diloco_options *o = &d->opt;
-  int64_t f[12] = {o->H, o->fragments, o->overlap, o->nesterov, (int64_t)o->codec, o->codec_block, (int64_t)o->merge,
-                   (int64_t)o->fragmenting, d->max_block, 0, 0, 0};
-  uint32_t a, l, m;
-  memcpy(&a, &o->alpha, 4);
-  memcpy(&l, &o->outer_lr, 4);
-  memcpy(&m, &o->outer_momentum, 4);
-  f[9] = a;
-  f[10] = l;
-  f[11] = m;
-  return fnv1a(0xcbf29ce484222325ULL, f, sizeof f);
-}
-
-uint64_t distro__diloco_list_hash(const distro_diloco *d) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (int i = 0; i < d->nt; i++) {
-    const distro__param *p = &d->inner->params[i];
-    h = fnv1a(h, p->name, strlen(p->name) + 1);
-    h = fnv1a(h, &p->ndim, sizeof p->ndim);
-    h = fnv1a(h, p->shape, sizeof(int64_t) * (size_t)p->ndim);
-    h = fnv1a(h, &d->layer[i], sizeof d->layer[i]);
-    h = fnv1a(h, &d->tflags[i], sizeof d->tflags[i]);
-  }
-  return h;
-}
-
-typedef struct {
-  uint64_t status; /* DISTRO_OK, or why this rank cannot go on */
-  uint64_t options, list, t;
-  uint32_t global_crc, inner_size, inner_rank, pending;
-} signature;
-
-static uint32_t global_crc(const distro_diloco *d) {
-  uint32_t c = 0;
-  for (int p = 0; p < d->frags.nfrag; p++)
-    c = distro__crc32c_update(c, d->global[p], sizeof(float) * (size_t)d->frags.numel[p]);
-  return c;
-}
-
-/* Compares the gathered signatures; `outer` selects the learner checks. */
-static distro_status compare(const signature *all, int n, int outer) {
-  const char *who = outer ? "learner" : "rank", *group = outer ? "learners" : "ranks of this learner";
-  for (int r = 0; r < n; r++)
-    if (all[r].status != DISTRO_OK)
-      return distro__fail((distro_status)all[r].status, "diloco: %s %d could not start the outer loop (%s)", who, r,
-                          distro_status_string((distro_status)all[r].status));
-  for (int r = 1; r < n; r++) {
-    if (all[r].options != all[0].options)
-      return distro__fail(DISTRO_ERR_SHAPE, "diloco: %s disagree: %s %d uses different DiLoCo options than %s 0", group,
-                          who, r, who);
-    if (all[r].list != all[0].list)
-      return distro__fail(DISTRO_ERR_SHAPE,
-                          "diloco: %s disagree: %s %d has a different tensor list (names, shapes, layers, flags)",
-                          group, who, r);
-    if (all[r].t != all[0].t || all[r].pending != all[0].pending)
-      return distro__fail(DISTRO_ERR_SHAPE, "diloco: %s are at different points of the schedule (%s %d at step %llu, "
-                          "%s 0 at %llu)", group, who, r, (unsigned long long)all[r].t, who,
-                          (unsigned long long)all[0].t);
-    if (all[r].global_crc != all[0].global_crc)
-      return distro__fail(DISTRO_ERR_SHAPE,
-                          "diloco: %s start from different global copies (%s %d differs from %s 0): initialize every "
-                          "learner identically or load the same outer state", group, who, r, who);
-    if (outer && (all[r].inner_size != all[0].inner_size || all[r].inner_rank != all[0].inner_rank))
-      return distro__fail(DISTRO_ERR_SHAPE,
-                          "diloco: learner %d is rank %u of %u inside its learner, learner 0 is rank %u of %u: the outer "
-                          "comm must join rank r of every learner, and learners need the same number of ranks",
-                          r, all[r].inner_rank, all[r].inner_size, all[0].inner_rank, all[0].inner_size);
-  }
-  return DISTRO_OK;
-}
-
-/* Collective over the inner comm (the learner's ranks agree), then over the
- * outer comm (the learners of this column agree). Every rank takes part in
- * both rounds whatever happened before, carrying its failure, so no rank is
- * left waiting and all return the same status. */
-static distro_status verify(distro_diloco *d, distro_status local) {
-  distro_comm *ic = d->inner->comm;
-  const int R = ic->size, M = d->M;
-  char why[512] = "";
-  signature me;
-  memset(&me, 0, sizeof me);
-  me.status = (uint64_t)local;
-  me.inner_size = (uint32_t)R;
-  me.inner_rank = (uint32_t)ic->rank;
-  if (local == DISTRO_OK) {
-    me.options = distro__diloco_options_hash(d);
-    me.list = distro__diloco_list_hash(d);
-    me.t = (uint64_t)d->t;
-    me.global_crc = global_crc(d);
-    me.pending = d->pending.active ? (uint32_t)d->pending.frag + 1 : 0;
-  }
-  signature *all = malloc(sizeof *all * (size_t)(R > M ? R : M));
-  if (!all) return distro__fail(DISTRO_ERR_NOMEM, "out of memory");
-  distro_status verdict = DISTRO_OK, st;
-  if (R > 1) {
-    st = distro_comm_allgather(ic, &me, sizeof me, all);
-    if (st != DISTRO_OK) {
-      free(all);
-      return st;
-    }
-    verdict = compare(all, R, 0);
-    if (verdict != DISTRO_OK) {
-      snprintf(why, sizeof why, "%s", distro_last_error());
-      me.status = (uint64_t)verdict;
-    }
-  }
-  st = distro_comm_allgather(d->outer, &me, sizeof me, all);
-  if (st != DISTRO_OK) {
-    free(all);
-    return st;
-  }
-  distro_status ov = compare(all, M, 1);
-  free(all);
-  if (verdict != DISTRO_OK) return distro__fail(verdict, "%s", why);
-  if (ov != DISTRO_OK) return ov;
-  d->verified = 1;
-  return DISTRO_OK;
-}
-
 /* Prepare, set the global copy, agree. Collective on first use. */
 static distro_status ensure_ready(distro_diloco *d) {
   if (d->verified && d->ready) return distro__diloco_prepare(d); /* re-checks the tensor count */
@@ -440,7 +328,7 @@ static distro_status ensure_ready(distro_diloco *d) {
     global_from_params(d);
     d->global_init = 1;
   }
-  distro_status vst = verify(d, st);
+  distro_status vst = distro__diloco_verify(d, st);
   if (st != DISTRO_OK) return distro__fail(st, "%s", why);
   return vst;
 }
@@ -493,36 +381,35 @@ static void merge(distro_diloco *d, int p) {
                       d->nrm);
 }
 
+distro_status distro__diloco_outer_step(distro_diloco *d, int p) {
+  const int64_t n = d->frags.numel[p];
+  float *acc = d->acc, *dec = d->dec;
+  if (!distro__outer_step(d->global[p], d->mom[p], acc, n, d->opt.outer_lr, d->opt.outer_momentum, d->opt.nesterov,
+                          acc, dec))
+    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: the merged outer gradient or the outer step of fragment %d overflowed",
+                        p);
+  memcpy(d->global[p], acc, sizeof(float) * (size_t)n);
+  memcpy(d->mom[p], dec, sizeof(float) * (size_t)n);
+  return DISTRO_OK;
+}
+
 /* All-gather, validate, merge and outer-step the fragment in d->x_frag. Runs
  * on the progress thread or inline; touches only the fragment's global copy
- * and momentum, and those only after every check passed. */
+ * and momentum (sparse: and its error feedback), and those only after every
+ * check passed. */
 static distro_status exchange_run(distro_diloco *d) {
+  if (d->opt.compressor == DISTRO_OUTER_SPARSE) return distro__sparse_exchange(d);
   distro_status st = DISTRO_OK;
   const int p = d->x_frag, M = d->M;
   const size_t bytes = d->payload[p];
   const distro__fragments *f = &d->frags;
   DISTRO_CHECK(distro_comm_allgather(d->outer, d->send, bytes, d->recv));
+  const distro__dlc_head want = {DISTRO__DLC_VERSION, (unsigned)d->opt.codec, 0, (uint32_t)p, (uint64_t)d->x_round,
+                                 0, 0, (uint64_t)f->numel[p], 0, (uint32_t)d->opt.codec_block};
   for (int r = 0; r < M; r++) {
     const uint8_t *b = d->recv + (size_t)r * bytes;
-    if (distro__get_u32(b + bytes - 4) != distro__crc32c(b, bytes - 4))
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's payload for fragment %d failed its checksum", r, p);
-    if (distro__get_u32(b) != DISTRO__DLC_MAGIC || distro__get_u16(b + 4) != DISTRO__DLC_VERSION)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's payload is not an outer payload of version %d", r,
-                  DISTRO__DLC_VERSION);
-    if (distro__get_u16(b + 6) != (uint16_t)d->opt.codec || distro__get_u32(b + 52) != (uint32_t)d->opt.codec_block)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d used a different codec or codec block", r);
-    if (distro__get_u32(b + 8) != (uint32_t)r)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: slot %d holds a payload from learner %u", r, distro__get_u32(b + 8));
-    if (distro__get_u32(b + 12) != (uint32_t)p || distro__get_u64(b + 16) != (uint64_t)d->x_round)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d sent fragment %u of step %llu, expected fragment %d of step %lld",
-                  r, distro__get_u32(b + 12), (unsigned long long)distro__get_u64(b + 16), p, (long long)d->x_round);
-    if (distro__get_u64(b + 40) != (uint64_t)f->numel[p])
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's fragment %d has %llu elements, expected %lld", r, p,
-                  (unsigned long long)distro__get_u64(b + 40), (long long)f->numel[p]);
-    const uint32_t flags = distro__get_u32(b + 48);
-    if (flags & ~DISTRO__DLC_FLAG_ABORT) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d set unknown flags 0x%x", r, flags);
-    if (flags & DISTRO__DLC_FLAG_ABORT)
-      DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: learner %d's outer gradient for fragment %d is not finite", r, p);
+    distro__dlc_head got;
+    DISTRO_CHECK(distro__dlc_check_header(b, bytes, r, &want, &got));
     for (int q = f->start[p]; q < f->start[p + 1]; q++) {
       st = distro__outer_check(d->opt.codec, b + d->piece_byte[q], f->pieces[q].count, d->opt.codec_block);
       if (st != DISTRO_OK) {
@@ -534,15 +421,7 @@ static distro_status exchange_run(distro_diloco *d) {
     }
   }
   merge(d, p);
-  /* Outer step into the staging buffers (acc: new global, dec: new momentum). */
-  const int64_t n = f->numel[p];
-  float *acc = d->acc, *dec = d->dec;
-  if (!distro__outer_step(d->global[p], d->mom[p], acc, n, d->opt.outer_lr, d->opt.outer_momentum, d->opt.nesterov,
-                          acc, dec))
-    DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "diloco: the merged outer gradient or the outer step of fragment %d overflowed", p);
-  memcpy(d->global[p], acc, sizeof(float) * (size_t)n);
-  memcpy(d->mom[p], dec, sizeof(float) * (size_t)n);
-  return DISTRO_OK;
+  return distro__diloco_outer_step(d, p);
 fail:
   return st;
 }
@@ -621,6 +500,8 @@ static distro_status finish_pending(distro_diloco *d, float alpha, distro_diloco
   if (st != DISTRO_OK) return st;
   const int p = d->pending.frag;
   apply_fragment(d, p, alpha);
+  s->outer_bytes_received += d->x_recv_bytes;
+  d->x_recv_bytes = 0;
   d->tok[p] -= d->pending.tokens_sent;
   d->steps[p] -= d->pending.steps_sent;
   d->pending.active = 0;
@@ -663,34 +544,30 @@ static distro_status start_exchange(distro_diloco *d, int p, int64_t apply_at, i
       bad |= !isfinite(o[j]);
     }
   }
-  const size_t bytes = d->payload[p];
-  uint8_t *b = d->send;
-  memset(b, 0, DISTRO__DLC_HEADER);
-  distro__put_u32(b, DISTRO__DLC_MAGIC);
-  distro__put_u16(b + 4, DISTRO__DLC_VERSION);
-  distro__put_u16(b + 6, (uint16_t)d->opt.codec);
-  distro__put_u32(b + 8, (uint32_t)d->learner);
-  distro__put_u32(b + 12, (uint32_t)p);
-  distro__put_u64(b + 16, (uint64_t)d->t);
-  distro__put_u64(b + 24, tokens);
-  distro__put_u64(b + 32, d->steps[p]);
-  distro__put_u64(b + 40, (uint64_t)f->numel[p]);
-  distro__put_u32(b + 48, bad ? DISTRO__DLC_FLAG_ABORT : 0u);
-  distro__put_u32(b + 52, (uint32_t)d->opt.codec_block);
-  if (bad) {
-    memset(b + DISTRO__DLC_HEADER, 0, bytes - DISTRO__DLC_HEADER - 4);
+  size_t bytes = d->payload[p];
+  if (d->opt.compressor == DISTRO_OUTER_SPARSE) {
+    bytes = distro__sparse_send(d, p, delta, bad, tokens);
   } else {
-    for (int q = f->start[p]; q < f->start[p + 1]; q++)
-      distro__outer_encode(d->opt.codec, delta + d->piece_elem[q], f->pieces[q].count, d->opt.codec_block,
-                           b + d->piece_byte[q]);
+    uint8_t *b = d->send;
+    const distro__dlc_head h = {DISTRO__DLC_VERSION, (unsigned)d->opt.codec, (uint32_t)d->learner, (uint32_t)p,
+                                (uint64_t)d->t, tokens, d->steps[p], (uint64_t)f->numel[p],
+                                bad ? DISTRO__DLC_FLAG_ABORT : 0u, (uint32_t)d->opt.codec_block};
+    distro__dlc_put_header(b, &h);
+    if (bad) {
+      memset(b + DISTRO__DLC_HEADER, 0, bytes - DISTRO__DLC_HEADER - 4);
+    } else {
+      for (int q = f->start[p]; q < f->start[p + 1]; q++)
+        distro__outer_encode(d->opt.codec, delta + d->piece_elem[q], f->pieces[q].count, d->opt.codec_block,
+                             b + d->piece_byte[q]);
+    }
+    distro__put_u32(b + bytes - 4, distro__crc32c(b, bytes - 4));
+    s->outer_bytes_received += bytes * (size_t)(d->M - 1); /* sparse: counted when the exchange completes */
   }
-  distro__put_u32(b + bytes - 4, distro__crc32c(b, bytes - 4));
   d->pending = (distro__diloco_pending){1, p, d->t, apply_at, d->tok[p], d->steps[p]};
   d->x_frag = p;
   d->x_round = d->t;
   s->fragment_sent = p;
   s->outer_bytes_sent += bytes;
-  s->outer_bytes_received += bytes * (size_t)(d->M - 1);
   d->total_sent += bytes;
   if (allow_thread && d->opt.progress_thread && !d->th_started) {
     d->th_stop = 0;

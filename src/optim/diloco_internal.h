@@ -6,19 +6,13 @@
 #include <stdint.h>
 #include <distro/diloco.h>
 
+#include "compress/dct.h"
+#include "compress/outer_codec.h"
+#include "compress/outer_sparse.h"
 #include "optim/fragment.h"
 
-/* Outer payload: header | encoded pieces of the fragment | CRC32C of all
- * before. Integers little-endian.
- *   0 u32 magic "DLC1"   4 u16 version   6 u16 codec    8 u32 learner
- *  12 u32 fragment      16 u64 round (inner steps completed at the send)
- *  24 u64 tokens (the learner's, since the fragment's last send)
- *  32 u64 steps (since the fragment's last send)   40 u64 elements
- *  48 u32 flags (bit 0: abort, no data)            52 u32 codec block */
-#define DISTRO__DLC_MAGIC 0x31434c44u
-#define DISTRO__DLC_VERSION 1
-#define DISTRO__DLC_HEADER 56
-#define DISTRO__DLC_FLAG_ABORT 1u
+/* Outer payloads: compress/outer_codec.h (header, dense pieces) and
+ * compress/outer_sparse.h (sparse sections). */
 
 typedef struct distro__diloco_hint {
   char *name;
@@ -62,6 +56,25 @@ struct distro_diloco {
   float *coef;                 /* 2M: merge coefficients (outer_merge.h) */
   uint64_t *tokbuf;            /* 4 per inner rank: token agreement */
 
+  /* Sparse outer gradients (diloco_sparse.c), frozen at prepare. */
+  distro__sparse_section *sec; /* every fragment's sections, fragment-major */
+  int *sec_start;              /* P + 1: fragment p is sec[sec_start[p] .. sec_start[p+1]) */
+  distro__dct_plan *plans;     /* per section; set up where sec[i].dct */
+  distro__enum_table *etabs;   /* one per distinct (chunk elements, k) */
+  int n_etabs;
+  int64_t max_sel, max_sec;    /* most selected entries of a fragment; largest section */
+  float **ef;                  /* P arrays of numel[p]: error feedback e (DCT sections: coefficients) */
+  float *ef_next;              /* max_frag: e after the send in flight, kept if its exchange succeeds */
+  float *tx_coef, *tx_scr;     /* max_sec each: the send's DCT (main thread) */
+  float *rx_coef, *rx_scr;     /* max_sec each: the merge's inverse DCT (exchange) */
+  uint32_t *sel_idx;           /* max_sel: this learner's selection */
+  float *sel_val;
+  uint32_t *dec_idx;           /* M * max_sel: every learner's decoded selection */
+  float *dec_val;
+  size_t *sizes;               /* M: received payload sizes */
+  size_t send_size;            /* this learner's payload in flight */
+  uint64_t x_recv_bytes;       /* the other learners' payload bytes of the last exchange */
+
   /* Progress. */
   int global_init;             /* global copy set (from the parameters or a load) */
   int verified;                /* learners agreed (first step after prepare/load) */
@@ -87,8 +100,26 @@ distro_status distro__diloco_prepare(distro_diloco *d);
 /* Waits for an exchange running on the progress thread; returns its status
  * (DISTRO_OK when nothing was running). The pending record is kept. */
 distro_status distro__diloco_wait(distro_diloco *d, double *waited);
-/* Hashes used by the learner agreement and stored in the state file. */
-uint64_t distro__diloco_options_hash(const distro_diloco *d);
-uint64_t distro__diloco_list_hash(const distro_diloco *d);
+/* Outer step of fragment p on the merged outer gradient in acc (dec is
+ * scratch); replaces the global copy and momentum only if all is finite. */
+distro_status distro__diloco_outer_step(distro_diloco *d, int p);
+
+/* Sparse outer gradients (diloco_sparse.c). */
+distro_status distro__sparse_options_check(const distro_diloco_options *o);
+/* Sections, tables, buffers, error feedback; sets payload[] and max_payload
+ * to the bounds. Only with compressor SPARSE. */
+distro_status distro__sparse_prepare(distro_diloco *d);
+void distro__sparse_free(distro_diloco *d); /* idempotent */
+/* Error feedback and selection of fragment p from delta (finite unless
+ * `bad`), encoded into d->send; returns its size. */
+size_t distro__sparse_send(distro_diloco *d, int p, const float *delta, int bad, uint64_t tokens);
+/* The exchange of d->x_frag: all-gather, validate, merge, outer step, and
+ * this learner's error feedback. */
+distro_status distro__sparse_exchange(distro_diloco *d);
+
+/* The agreement (diloco_agree.c): collective over the inner comm, then the
+ * outer comm; every rank takes part carrying its local failure, and all
+ * return the same status. Sets d->verified on success. */
+distro_status distro__diloco_verify(distro_diloco *d, distro_status local);
 
 #endif

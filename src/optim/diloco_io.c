@@ -10,6 +10,11 @@
  * per fragment: global copy, then outer momentum, float32 | u32 CRC32C of
  * everything before. Little-endian hosts, like the optimizer state.
  *
+ * Version 2, for sparse outer gradients: after the bits of the outer
+ * momentum, u32 compressor, bits of density, sparse_chunk, sparse_dct, bits
+ * of ef_beta, sparse_values; after each fragment's momentum, its error
+ * feedback e (float32). Dense runs write version 1, as before.
+ *
  * Written to a temporary file, synced and renamed over the target (a crash
  * leaves the old or the new file); loads check everything into fresh
  * buffers and swap them in only at the end. */
@@ -24,8 +29,13 @@
 
 #define DLC_MAGIC "DSTRDLC"
 #define DLC_STATE_VERSION 1u
+#define DLC_STATE_VERSION_SPARSE 2u
+#define NFIELDS 17
 
-static void header_fields(const distro_diloco *d, uint32_t f[11]) {
+static int sparse(const distro_diloco *d) { return d->opt.compressor == DISTRO_OUTER_SPARSE; }
+
+/* Returns how many of the fields the file holds (11 dense, 17 sparse). */
+static int header_fields(const distro_diloco *d, uint32_t f[NFIELDS]) {
   const distro_diloco_options *o = &d->opt;
   f[0] = (uint32_t)o->H;
   f[1] = (uint32_t)o->fragments;
@@ -38,9 +48,18 @@ static void header_fields(const distro_diloco *d, uint32_t f[11]) {
   memcpy(&f[8], &o->alpha, 4);
   memcpy(&f[9], &o->outer_lr, 4);
   memcpy(&f[10], &o->outer_momentum, 4);
+  f[11] = (uint32_t)o->compressor;
+  memcpy(&f[12], &o->density, 4);
+  f[13] = (uint32_t)o->sparse_chunk;
+  f[14] = (uint32_t)o->sparse_dct;
+  memcpy(&f[15], &o->ef_beta, 4);
+  f[16] = (uint32_t)o->sparse_values;
+  return sparse(d) ? NFIELDS : 11;
 }
-static const char *const field_names[11] = {"H", "fragments", "overlap", "nesterov", "codec", "codec_block", "merge",
-                                            "fragmenting", "alpha", "outer_lr", "outer_momentum"};
+static const char *const field_names[NFIELDS] = {"H", "fragments", "overlap", "nesterov", "codec", "codec_block",
+                                                 "merge", "fragmenting", "alpha", "outer_lr", "outer_momentum",
+                                                 "compressor", "density", "sparse_chunk", "sparse_dct", "ef_beta",
+                                                 "sparse_values"};
 
 distro_status distro_diloco_save(distro_diloco *d, const char *path) {
   distro_status st = DISTRO_OK;
@@ -50,10 +69,10 @@ distro_status distro_diloco_save(distro_diloco *d, const char *path) {
   DISTRO_CHECK(distro__diloco_wait(d, NULL));
   DISTRO_CHECK(distro__afile_open(&w, path));
   distro__afile_write(&w, DLC_MAGIC, 8);
-  distro__afile_u32(&w, DLC_STATE_VERSION);
-  uint32_t hf[11];
-  header_fields(d, hf);
-  for (int i = 0; i < 11; i++) distro__afile_u32(&w, hf[i]);
+  distro__afile_u32(&w, sparse(d) ? DLC_STATE_VERSION_SPARSE : DLC_STATE_VERSION);
+  uint32_t hf[NFIELDS];
+  const int nf = header_fields(d, hf);
+  for (int i = 0; i < nf; i++) distro__afile_u32(&w, hf[i]);
   distro__afile_u64(&w, (uint64_t)d->max_block);
   distro__afile_u32(&w, (uint32_t)d->nt);
   for (int i = 0; i < d->nt; i++) {
@@ -88,6 +107,7 @@ distro_status distro_diloco_save(distro_diloco *d, const char *path) {
       for (size_t j = 0; j < n; j += 1024) distro__afile_write(&w, zeros, sizeof(float) * (n - j < 1024 ? n - j : 1024));
     }
     distro__afile_write(&w, d->mom[p], sizeof(float) * n);
+    if (sparse(d)) distro__afile_write(&w, d->ef[p], sizeof(float) * n);
   }
   return distro__afile_commit(&w);
 fail:
@@ -105,14 +125,18 @@ distro_status distro_diloco_load(distro_diloco *d, const char *path) {
   (void)distro__diloco_wait(d, NULL); /* the loaded state replaces its outcome */
   DISTRO_CHECK(distro__rfile_open(&r, path));
   char magic[8];
-  uint32_t version, hf[11], want[11], nt, gi;
+  uint32_t version, hf[NFIELDS], want[NFIELDS], nt, gi;
   uint64_t max_block, t, peak, total;
   DISTRO_CHECK(distro__rfile_read(&r, magic, 8));
   if (memcmp(magic, DLC_MAGIC, 8) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s' is not a distro DiLoCo state file", path);
   DISTRO_CHECK(distro__rfile_read(&r, &version, 4));
-  if (version != DLC_STATE_VERSION) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': unsupported DiLoCo state version %u", path, version);
-  header_fields(d, want);
-  for (int i = 0; i < 11; i++) {
+  if (version != DLC_STATE_VERSION && version != DLC_STATE_VERSION_SPARSE)
+    DISTRO_FAIL(DISTRO_ERR_IO, "'%s': unsupported DiLoCo state version %u", path, version);
+  if ((version == DLC_STATE_VERSION_SPARSE) != sparse(d))
+    DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved with %s outer gradients, this run sends %s ones", path,
+                version == DLC_STATE_VERSION ? "dense" : "sparse", sparse(d) ? "sparse" : "dense");
+  const int nf = header_fields(d, want);
+  for (int i = 0; i < nf; i++) {
     DISTRO_CHECK(distro__rfile_read(&r, &hf[i], 4));
     if (hf[i] != want[i])
       DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved with a different DiLoCo option %s", path, field_names[i]);
@@ -168,17 +192,19 @@ distro_status distro_diloco_load(distro_diloco *d, const char *path) {
     free(ctr);
     DISTRO_CHECK(s2);
   }
-  fresh = calloc(2 * (size_t)P, sizeof *fresh);
+  const int arrays = sparse(d) ? 3 : 2; /* global copy, momentum, e */
+  fresh = calloc((size_t)arrays * (size_t)P, sizeof *fresh);
   if (!fresh) {
     free(ctr);
     DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   }
   for (int p = 0; p < P && st == DISTRO_OK; p++)
-    for (int a = 0; a < 2 && st == DISTRO_OK; a++) {
+    for (int a = 0; a < arrays && st == DISTRO_OK; a++) {
       const size_t n = (size_t)d->frags.numel[p];
-      fresh[2 * p + a] = malloc(sizeof(float) * n);
-      st = fresh[2 * p + a] ? distro__rfile_read(&r, fresh[2 * p + a], sizeof(float) * n)
-                            : distro__fail(DISTRO_ERR_NOMEM, "out of memory loading the global copy");
+      float **dst = &fresh[arrays * p + a];
+      *dst = malloc(sizeof(float) * n);
+      st = *dst ? distro__rfile_read(&r, *dst, sizeof(float) * n)
+                : distro__fail(DISTRO_ERR_NOMEM, "out of memory loading the global copy");
     }
   if (st == DISTRO_OK) st = distro__rfile_finish(&r);
   if (st != DISTRO_OK) {
@@ -189,8 +215,12 @@ distro_status distro_diloco_load(distro_diloco *d, const char *path) {
   for (int p = 0; p < P; p++) {
     free(d->global[p]);
     free(d->mom[p]);
-    d->global[p] = fresh[2 * p];
-    d->mom[p] = fresh[2 * p + 1];
+    d->global[p] = fresh[arrays * p];
+    d->mom[p] = fresh[arrays * p + 1];
+    if (arrays == 3) {
+      free(d->ef[p]);
+      d->ef[p] = fresh[arrays * p + 2];
+    }
     d->tok[p] = ctr[2 * p];
     d->steps[p] = ctr[2 * p + 1];
   }
@@ -207,7 +237,7 @@ distro_status distro_diloco_load(distro_diloco *d, const char *path) {
 fail:
   distro__rfile_close(&r);
   if (fresh)
-    for (int i = 0; i < 2 * P; i++) free(fresh[i]);
+    for (int i = 0; i < (sparse(d) ? 3 : 2) * P; i++) free(fresh[i]);
   free(fresh);
   return st;
 }

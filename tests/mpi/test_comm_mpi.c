@@ -210,6 +210,7 @@ typedef struct {
   distro_options opt;
   uint64_t seed;
   float *out; /* size * opt_total(): final parameters of every rank */
+  int sparse;  /* DiLoCo runs: sparse outer gradients (SparseLoCo) */
 } opt_run;
 
 /* The same run (same initial parameters, rank-specific gradients) through
@@ -243,7 +244,7 @@ static distro_status opt_rank(distro_comm *comm, int rank, void *arg) {
  * inputs. */
 static int check_optimizer(check_ctx *t, distro_options opt) {
   const size_t n = opt_total();
-  opt_run mpi = {opt, t->seed, calloc((size_t)t->size * n, sizeof(float))};
+  opt_run mpi = {opt, t->seed, calloc((size_t)t->size * n, sizeof(float)), 0};
   int bad = 0;
   if (opt_rank(t->comm, t->rank, &mpi) != DISTRO_OK) bad = failf(t, "MPI run: %s", distro_last_error());
   float *mine = malloc(n * sizeof(float));
@@ -253,7 +254,7 @@ static int check_optimizer(check_ctx *t, distro_options opt) {
     if (memcmp(mpi.out, mpi.out + (size_t)r * n, n * sizeof(float)))
       bad = failf(t, "rank %d parameters differ from rank 0's", r);
   if (!bad && t->rank == 0) {
-    opt_run local = {opt, t->seed, calloc((size_t)t->size * n, sizeof(float))};
+    opt_run local = {opt, t->seed, calloc((size_t)t->size * n, sizeof(float)), 0};
     if (distro_comm_run_local(t->size, opt_rank, &local) != DISTRO_OK)
       bad = failf(t, "in-process run: %s", distro_last_error());
     else if (memcmp(local.out, mpi.out, n * sizeof(float)))
@@ -310,6 +311,13 @@ static distro_status dlc_rank(distro_comm *comm, int rank, void *arg) {
   dlo.alpha = 0.5f;
   dlo.codec = DISTRO_OUTER_INT4;
   dlo.merge = DISTRO_MERGE_RADIAL_TOKENS;
+  if (run->sparse) { /* 2-bit top-k of the tile DCTs of e: variable-size payloads */
+    dlo.compressor = DISTRO_OUTER_SPARSE;
+    dlo.sparse_chunk = 16;
+    dlo.sparse_dct = 1;
+    dlo.density = 0.05f;
+    dlo.outer_momentum = 0.0f;
+  }
   if (st == DISTRO_OK) st = distro_diloco_create(&dlo, o, comm, &d);
   for (int s = 0; s < DLC_STEPS && st == DISTRO_OK; s++) {
     tu_rng r = {run->seed ^ (uint64_t)(1000 * s + rank + 1)};
@@ -328,9 +336,9 @@ static distro_status dlc_rank(distro_comm *comm, int rank, void *arg) {
 
 /* MPI learners end bit-identical (after sync_all), and equal to in-process
  * learners given the same inputs. */
-static int check_diloco(check_ctx *t) {
+static int check_diloco_run(check_ctx *t, int sparse) {
   const size_t n = opt_total();
-  opt_run mpi = {distro_options_default(DISTRO_ALG_ADAMW), t->seed, calloc((size_t)t->size * n, sizeof(float))};
+  opt_run mpi = {distro_options_default(DISTRO_ALG_ADAMW), t->seed, calloc((size_t)t->size * n, sizeof(float)), sparse};
   int bad = 0;
   if (dlc_rank(t->comm, t->rank, &mpi) != DISTRO_OK) bad = failf(t, "MPI DiLoCo run: %s", distro_last_error());
   float *mine = malloc(n * sizeof(float));
@@ -340,7 +348,7 @@ static int check_diloco(check_ctx *t) {
     if (memcmp(mpi.out, mpi.out + (size_t)r * n, n * sizeof(float)))
       bad = failf(t, "learner %d parameters differ from learner 0's", r);
   if (!bad && t->rank == 0) {
-    opt_run local = {mpi.opt, t->seed, calloc((size_t)t->size * n, sizeof(float))};
+    opt_run local = {mpi.opt, t->seed, calloc((size_t)t->size * n, sizeof(float)), sparse};
     if (distro_comm_run_local(t->size, dlc_rank, &local) != DISTRO_OK)
       bad = failf(t, "in-process DiLoCo run: %s", distro_last_error());
     else if (memcmp(local.out, mpi.out, (size_t)t->size * n * sizeof(float)))
@@ -351,6 +359,8 @@ static int check_diloco(check_ctx *t) {
   free(mpi.out);
   return bad;
 }
+static int check_diloco(check_ctx *t) { return check_diloco_run(t, 0); }
+static int check_sparseloco(check_ctx *t) { return check_diloco_run(t, 1); }
 
 /* With a timeout set, collectives that everyone joins give the same bits
  * as without one (they run as non-blocking calls on private copies). */
@@ -417,6 +427,7 @@ static const struct {
     {"optimizer_distro_adamw_bf16", check_optimizer_distro_adamw},
     {"optimizer_adamw_allreduce", check_optimizer_adamw},
     {"diloco_learners_mpi_vs_in_process", check_diloco},
+    {"sparseloco_learners_mpi_vs_in_process", check_sparseloco},
     {"timeout_collectives_complete", check_timeout_collectives_complete},
     {"timeout_on_stopped_rank", check_timeout_on_stopped_rank},
 };
