@@ -399,7 +399,11 @@ static distro_status hook_barrier(distro_comm *c) {
   hook *k = c->impl;
   return k->inner->ops->barrier(k->inner);
 }
-static const distro__comm_ops hook_ops = {"hook", hook_allgather, hook_allgatherv, hook_allreduce, hook_barrier, NULL};
+static const distro__comm_ops hook_ops = {.name = "hook",
+                                          .allgather = hook_allgather,
+                                          .allgatherv = hook_allgatherv,
+                                          .allreduce_sum = hook_allreduce,
+                                          .barrier = hook_barrier};
 
 typedef struct {
   run *x;
@@ -423,7 +427,7 @@ static void *rank_main(void *arg) {
   run *x = a->x;
   const int m = a->m, r = a->r;
   hook k = {a->outer, x, m, r, 0};
-  distro_comm wrapped = {&hook_ops, a->outer->rank, a->outer->size, &k};
+  distro_comm wrapped = {.ops = &hook_ops, .rank = a->outer->rank, .size = a->outer->size, .impl = &k};
   float *p = malloc(sizeof(float) * TOTAL), *g = calloc(TOTAL, sizeof(float));
   distro_optim *o = NULL;
   distro_diloco *d = NULL;
