@@ -563,6 +563,17 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     }
 #endif
   }
+  if (lead && !c->quiet) { /* exact counts for launchers (bench/wan), the final DiLoCo merge included */
+    if (c->label) fprintf(x->out, "[%s] ", c->label);
+    fprintf(x->out, "library bytes, all ranks: sent %llu, received %llu", (unsigned long long)tot_sent,
+            (unsigned long long)tot_recv);
+#ifdef DISTRO_WITH_SYNC
+    if (lrn)
+      fprintf(x->out, "; to the syncer %llu, from it %llu", (unsigned long long)ls.bytes_up,
+              (unsigned long long)ls.bytes_down);
+#endif
+    fprintf(x->out, "\n");
+  }
   if (lead) {
     res->final_val = final_val;
     res->last_train = loss_mean;
