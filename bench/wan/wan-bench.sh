@@ -2,7 +2,7 @@
 # bench/wan: the GPT trainer over real rate-limited links (README.md).
 #
 #   bench/wan/wan-bench.sh [--reduced | --full] [--rates "1000 100 10"] [--modes "..."]
-#                          [--out DIR] [--steps N] [BUILD_DIR]
+#                          [--out DIR] [--steps N] [--resume] [BUILD_DIR]
 #
 # 4 MPI ranks of gpt-train (or a distro-syncer and 4 decoupled learners), one
 # network namespace each, on links limited by tbf in both directions, for each
@@ -14,13 +14,16 @@
 # diloco decoupled, and distro-overlap when `gpt-train --help` lists
 # $WAN_OVERLAP_ARGS (default --overlap-step). distro also runs with no limit
 # (rate "none"): the floor its 10 Mbit/s step is compared with.
+# --resume keeps DIR's results and runs only the rows missing from them.
+# WAN_TIMEOUT (seconds, default 3600) bounds each run; one past it is
+# stopped and its row marked failed.
 # Root; exits 77 where namespaces are not permitted. Results: DIR (default
 # BUILD_DIR/wan-PRESET): table.txt, table.md, wan.png, per-run CSV and logs.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/wan-net.sh"
 
-preset=reduced rates="1000 100 10" modes="" out="" steps="" build=""
+preset=reduced rates="1000 100 10" modes="" out="" steps="" build="" resume=0
 while [ $# -gt 0 ]; do
   case $1 in
     --reduced | --full) preset=${1#--} ;;
@@ -28,7 +31,8 @@ while [ $# -gt 0 ]; do
     --modes) modes=$2; shift ;;
     --out) out=$2; shift ;;
     --steps) steps=$2; shift ;;
-    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    --resume) resume=1 ;;
+    -h | --help) sed -n '2,/^set -e/{/^set -e/d;p}' "$0"; exit 0 ;;
     -*) echo "wan-bench: unknown option $1" >&2; exit 2 ;;
     *) build=$1 ;;
   esac
@@ -59,7 +63,8 @@ sync_args="--fragments 4 --quorum 2 --H 24 --overlap 2 --codec int4 --merge toke
 --outer-momentum 0 --timeout 5 --heartbeat 0.2"
 out=${out:-$build/wan-$preset}
 mkdir -p "$out"
-rm -f "$out"/*.csv "$out"/*.out "$out"/*.log "$out"/*.dat "$out"/results.tsv
+[ $resume = 1 ] || rm -f "$out"/*.csv "$out"/*.out* "$out"/*.log "$out"/*.dat "$out"/*.rc "$out"/*.ep "$out"/results.tsv
+touch "$out/results.tsv"
 
 wan_check
 wan_build_probe "$build"
@@ -101,7 +106,14 @@ summarize() { # mode rate csv out wall kernel load0 load1 [learner CSVs...]
            $col["val_loss"] != "nan" { print $col["elapsed_s"], $col["val_loss"] }' "$csv" > "$out/$mode-$rate.dat"
 }
 
-progress() { sed -u "s/^/    /"; }
+# A run that failed keeps its row, marked (the reason is in its log).
+failed() { # mode rate name rc
+  echo "  $3 FAILED (exit $4; logs: $out/$3.*)"
+  printf '%s\t%s\t0\tfailed\t0\t0\t0\t0\t0\t0\t%s\t%s\n' "$1" "$(rate_name "$2")" "$(load)" "$(load)" >> "$out/results.tsv"
+}
+
+# The trainer's progress and final lines, live.
+progress() { grep --line-buffered -E '^step|final val' | sed -u "s/^/    /" || true; }
 
 run_mpi() { # mode rate
   local mode=$1 rate=$2 name k0 t0 l0 rc=0
@@ -109,13 +121,18 @@ run_mpi() { # mode rate
   wan_rate "$rate"
   l0=$(load) k0=$(wan_tx_sum 0 3) t0=$(now)
   # shellcheck disable=SC2046
-  wan_mpirun 4 "$gpt" --mpi $common --print-every $print_every --log "$out/$name.csv" $(args_of "$mode") \
-    > "$out/$name.out" 2>&1 || rc=$?
+  { local r=0
+    wan_mpirun 4 "$gpt" --mpi $common --print-every $print_every --log "$out/$name.csv" $(args_of "$mode") 2>&1 || r=$?
+    echo $r > "$out/$name.rc"; } | tee "$out/$name.out" | progress
+  rc=$(cat "$out/$name.rc")
   local wall kernel
   wall=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
   kernel=$(($(wan_tx_sum 0 3) - k0))
-  grep -E '^step|final val' "$out/$name.out" | progress || true
-  if [ $rc != 0 ]; then tail -20 "$out/$name.out" | progress; echo "  $name FAILED (exit $rc)"; return 0; fi
+  if [ "$rc" != 0 ]; then
+    tail -n 20 "$out/$name.out" | sed "s/^/    /"
+    failed "$mode" "$rate" "$name" "$rc"
+    return 0
+  fi
   summarize "$mode" "$(rate_name "$rate")" "$out/$name.csv" "$out/$name.out" "$wall" "$kernel" "$l0" "$(load)"
 }
 
@@ -132,19 +149,25 @@ run_decoupled() { # rate
   for ((i = 0; i < 100; i++)); do [ -s "$out/$name.ep" ] && break; sleep 0.05; done
   for i in 0 1 2 3; do
     # shellcheck disable=SC2086
-    ip netns exec "$(wan_ns $i)" "$gpt" $common --ranks 1 --optim decoupled --inner adamw \
+    timeout -k 20 "${WAN_TIMEOUT:-3600}" ip netns exec "$(wan_ns $i)" "$gpt" $common --ranks 1 --optim decoupled --inner adamw \
       --syncer "tcp://$(wan_addr 4):5555" --learner-id $i --serve-endpoint "tcp://$(wan_addr $i):*" \
       --print-every $print_every --log "$out/$name.l$i.csv" > "$out/$name.out.l$i" 2>&1 &
     pids+=($!)
   done
+  tail -n +1 -F "$out/$name.out.l0" 2> /dev/null > >(progress) &
+  local tpid=$!
   for i in 0 1 2 3; do wait "${pids[$i]}" || rc=$?; done
+  kill "$tpid" 2> /dev/null || true
   kill -TERM "$spid" 2> /dev/null || true
   wait "$spid" || true
   local wall kernel
   wall=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
   kernel=$(($(wan_tx_sum 0 $nodes_last) - k0))
-  grep -E '^step|final val' "$out/$name.out.l0" | progress || true
-  if [ $rc != 0 ]; then tail -5 "$out/$name".out.l* | progress; echo "  $name FAILED (exit $rc)"; return 0; fi
+  if [ "$rc" != 0 ]; then
+    tail -n 3 "$out/$name".out.l* | sed "s/^/    /"
+    failed decoupled "$rate" "$name" "$rc"
+    return 0
+  fi
   # Learner 0's curve and step times stand for the job's.
   summarize decoupled "$(rate_name "$rate")" "$out/$name.l0.csv" "$out/$name.out.l" "$wall" "$kernel" "$l0" "$(load)"
 }
@@ -154,7 +177,7 @@ echo "   machine: $(nproc) cores, load $(load) at the start; results in $out"
 echo "== link check: 1 MB all-gather per rank, 4 ranks (each rank sends 3 MB on a ring)"
 for rate in 0 $rates; do
   wan_rate "$rate"
-  t=$(wan_mpirun 4 "$WAN_PROBE" 1000000 2 | awk -F'seconds=' '/^exchange/ { t = $2 } END { print t }')
+  t=$(wan_mpirun 4 "$WAN_PROBE" 1000000 2 | awk -F'seconds=' '/^exchange/ { t = $2 } END { print t }') || t=""
   floor=$(awk -v r="$rate" 'BEGIN { if (r > 0) printf "%.2f s", 3e6 * 8 / (r * 1e6); else print "-" }')
   echo "   $(rate_name "$rate") Mbit/s: ${t:-failed} s (payload at the link rate: $floor)"
 done
@@ -167,6 +190,11 @@ start=$(now)
 for r in "${runs[@]}"; do
   k=$((k + 1))
   m=${r%%:*} rate=${r#*:}
+  if [ $resume = 1 ] && awk -F'\t' -v m="$m" -v r="$(rate_name "$rate")" '$1 == m && $2 == r { f = 1 } END { exit !f }' \
+    "$out/results.tsv"; then
+    echo "[$k/${#runs[@]}] $m at $(rate_name "$rate") Mbit/s: in $out/results.tsv already (--resume)"
+    continue
+  fi
   echo "[$k/${#runs[@]}] $m at $(rate_name "$rate") Mbit/s (load $(load), $(awk -v a="$start" -v b="$(now)" \
     'BEGIN { printf "%d:%02d", (b - a) / 60, (b - a) % 60 }') elapsed)"
   if [ "$m" = decoupled ]; then run_decoupled "$rate"; else run_mpi "$m" "$rate"; fi

@@ -7,7 +7,8 @@
 #                           0 removes the limit
 #   wan_tx I                bytes node I has sent on its link (kernel counter of its veth end)
 #   wan_ns I, wan_addr I    node I's namespace and address; wan_hub: the hub's namespace
-#   wan_mpirun NP ARGS...   mpirun in the hub namespace, rank r in node r (TCP only, ring collectives)
+#   wan_mpirun NP ARGS...   mpirun in the hub namespace, rank r in node r (TCP only, ring collectives),
+#                           stopped after WAN_TIMEOUT seconds (default 3600)
 #   wan_down                kill what runs in the namespaces, delete them (also on EXIT, INT, TERM, HUP)
 #
 # Names are WAN_BASE (dwan) + the owning shell's pid, so concurrent runs do not
@@ -160,19 +161,28 @@ wan_tx_sum() { # nodes FIRST..LAST
 # receiver's go-ahead waits behind its own bulk data in the 400 ms queue, so
 # a 2-rank all-gather of 1 MB at 10 Mbit/s often ran one direction after the
 # other (1.66 s instead of 0.83 s, measured).
+# A job that runs past WAN_TIMEOUT seconds (default 3600) is stopped (exit
+# 124, or 137 if it ignored SIGTERM for 20 s) and what it left in the nodes
+# is killed.
 wan_mpirun() {
-  local np=$1 i
+  local np=$1 i rc=0
   shift
   : > "$WAN_DIR/hosts"
   for ((i = 0; i < np; i++)); do echo "$(wan_addr $i) slots=1" >> "$WAN_DIR/hosts"; done
-  PMIX_MCA_gds=hash TMPDIR="$WAN_DIR/tmphub" ip netns exec "$(wan_hub)" mpirun --allow-run-as-root \
+  PMIX_MCA_gds=hash TMPDIR="$WAN_DIR/tmphub" timeout --foreground -k 20 "${WAN_TIMEOUT:-3600}" \
+    ip netns exec "$(wan_hub)" mpirun --allow-run-as-root \
     -np "$np" --hostfile "$WAN_DIR/hosts" --mca plm_rsh_agent "$WAN_DIR/rsh" --bind-to none \
     --mca oob_tcp_if_include $WAN_SUBNET --mca btl tcp,self --mca btl_tcp_if_include $WAN_SUBNET \
     --mca btl_tcp_links 2 --mca btl_tcp_eager_limit 4194304 --mca btl_tcp_rndv_eager_limit 4194304 \
     --mca btl_tcp_max_send_size 4194304 --mca mpi_yield_when_idle 1 \
     --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allgather_algorithm 4 \
     --mca coll_tuned_allgatherv_algorithm 3 --mca coll_tuned_alltoallv_algorithm 2 \
-    --mca coll_tuned_allreduce_algorithm 4 "$@"
+    --mca coll_tuned_allreduce_algorithm 4 "$@" || rc=$?
+  if [ $rc = 124 ] || [ $rc = 137 ]; then
+    echo "wan: mpirun stopped after ${WAN_TIMEOUT:-3600} s (WAN_TIMEOUT)" >&2
+    for ((i = 0; i < WAN_NODES; i++)); do wan_kill_ns "$(wan_ns $i)"; done
+  fi
+  return $rc
 }
 
 # Installs BUILD into BUILD/prefix and builds the exchange probe against it

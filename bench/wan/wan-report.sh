@@ -25,10 +25,11 @@ function last_val(mode, rate,   f, line, a, v) {
   close(f); return v
 }
 function mb(b) { return sprintf("%.2f", b / 1e6) }
-{ n++; for (i = 1; i <= 12; i++) R[n, i] = $i; if ($1 == "adamw") target[$2] = last_val("adamw", $2) }
+{ n++; for (i = 1; i <= 12; i++) R[n, i] = $i; if ($1 == "adamw" && $4 != "failed") target[$2] = last_val("adamw", $2) }
 END {
   for (r = 1; r <= n; r++) {
     mode = R[r, 1]; rate = R[r, 2]; tg = (rate in target) ? target[rate] : ""
+    if (R[r, 4] == "failed") { T[r] = -1; TG[r] = tg; continue }
     if (tg == "") for (x in target) tg = target[x]           # AdamW ends identically at every rate
     t = tg == "" ? -1 : curve_time(mode, rate, tg)
     T[r] = t; TG[r] = tg
@@ -43,6 +44,11 @@ END {
   md = "| mode | link Mbit/s | time to target s | vs adamw | final val loss | step s | compute s | comm s | steps 1-5 s | link floor s/step | library MB | kernel MB | kernel/library | run wall s (load) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   for (r = 1; r <= n; r++) {
     mode = R[r, 1]; rate = R[r, 2]; steps = R[r, 3]; lib = R[r, 8]; ker = R[r, 9]
+    if (R[r, 4] == "failed") {
+      printf "%-15s %6s %9s   (the run failed: see its log)\n", mode, rate, "FAILED"
+      md = md sprintf("\n| %s | %s | failed | - | - | - | - | - | - | - | - | - | - | (%s-%s) |", mode, rate, R[r, 11], R[r, 12])
+      continue
+    }
     tt = T[r] < 0 ? "not reached" : sprintf("%.1f", T[r])
     sp = (T[r] > 0 && (rate in tadam) && tadam[rate] > 0) ? sprintf("%.1fx", tadam[rate] / T[r]) : "-"
     floor = (rate == "none" || steps == 0) ? "-" : sprintf("%.3f", lib / 4 / steps * 8 / (rate * 1e6))

@@ -22,6 +22,7 @@ build=$(cd "${1:?usage: wan-test.sh BUILD_DIR}" && pwd)
 source "$(cd "$(dirname "$0")" && pwd)/wan-net.sh"
 gpt=$build/python-free-examples/gpt/gpt-train
 
+export WAN_TIMEOUT=60 # each mpirun; the whole test takes ~15 s
 wan_check
 command -v mpirun > /dev/null || wan_skip "mpirun missing (Debian: openmpi-bin)"
 [ -x "$gpt" ] || { echo "FAIL: no $gpt (build first)"; exit 1; }
