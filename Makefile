@@ -22,7 +22,7 @@ CTEST_FLAGS ?=
 # Everything the build, the tests and the demo use, on Debian 12.
 DEBIAN_PACKAGES := cmake gcc g++ make pkg-config libopenblas-dev libfftw3-dev \
                    libopenmpi-dev openmpi-bin libzmq3-dev libcriterion-dev \
-                   gnuplot-nox fortunes clang libclang-rt-14-dev
+                   gnuplot-nox fortunes clang libclang-rt-14-dev iproute2
 
 # Targets run one after another, in the order given (deps before build).
 .NOTPARALLEL:

@@ -99,6 +99,9 @@ static void usage(FILE *f) {
 "                      are one data-parallel learner, only rank 0 talks to the syncer\n"
 "  --syncer ENDPOINT   the syncer's ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH)\n"
 "  --learner-id N      this learner's id in the job, 0..255, unique\n"
+"  --serve-endpoint EP where peers pull this learner's state when they join\n"
+"                      (tcp://127.0.0.1:*; give a routable address when the learners\n"
+"                      are on different hosts or network namespaces)\n"
 "  --inner NAME        the inner optimizer over the learner's ranks (adamw)\n"
 "  --step-delay-ms X   sleep X ms after each step (emulates a slower learner)\n"
 "  --time-limit S      stop after S seconds (final validation included)\n"
@@ -223,7 +226,8 @@ int main(int argc, char **argv) {
         "--resume", "--stop-after", "--plot",      "--inner",    "--learners", "--ranks-per-learner",
         "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
         "--outer-codec", "--outer-block", "--merge", "--syncer", "--learner-id", "--step-delay-ms", "--time-limit",
-        "--start-step", "--density", "--sparse-chunk", "--dct", "--ef-beta", "--sparse-values"};
+        "--start-step", "--density", "--sparse-chunk", "--dct", "--ef-beta", "--sparse-values",
+        "--serve-endpoint"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(a, valued[k]);
     if (!known) return bad("unknown option '%s'%s", a, "");
@@ -343,6 +347,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--stop-after")) rc = parse_int(a, v, 1, &c.stop_after);
     else if (!strcmp(a, "--plot")) plot_path = v;
     else if (!strcmp(a, "--syncer")) { c.syncer = v; decoupled_flags = 1; }
+    else if (!strcmp(a, "--serve-endpoint")) { c.serve_endpoint = v; decoupled_flags = 1; }
     else if (!strcmp(a, "--learner-id")) {
       rc = parse_int(a, v, 0, &c.learner_id);
       if (!rc && c.learner_id > 255) return bad("--learner-id must be <= 255%s%s", "", "");
@@ -374,8 +379,8 @@ int main(int argc, char **argv) {
   if (c.stop_after && !c.save_path)
     return bad("--stop-after needs --save (where to continue from)%s%s", "", "");
   if (decoupled_flags && (compare || c.optim != GPT_OPT_DECOUPLED))
-    return bad("--syncer, --learner-id, --step-delay-ms, --time-limit and --start-step are Decoupled DiLoCo "
-               "settings: add --optim decoupled%s%s", "", "");
+    return bad("--syncer, --learner-id, --serve-endpoint, --step-delay-ms, --time-limit and --start-step are "
+               "Decoupled DiLoCo settings: add --optim decoupled%s%s", "", "");
   if (inner_given && !compare && c.optim != GPT_OPT_DILOCO && c.optim != GPT_OPT_DECOUPLED)
     return bad("--inner is a DiLoCo setting: add --optim diloco or --optim decoupled%s%s", "", "");
   if (c.optim == GPT_OPT_DECOUPLED) {

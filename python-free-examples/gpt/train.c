@@ -318,6 +318,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     distro_learner_options lo = distro_learner_options_default();
     lo.syncer = c->syncer;
     lo.learner_id = c->learner_id;
+    if (c->serve_endpoint) lo.serve_endpoint = c->serve_endpoint;
     lo.comm = comm;
     lo.log = learner_log;
     if (!(scratch = malloc(sizeof(real) * m.nparams))) FAIL("out of memory for the model");
@@ -380,7 +381,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   }
   if (log && fseek(log, 0, SEEK_END) == 0 && ftell(log) == 0) /* new file (a resume appends) */
     fprintf(log, "step,lr,train_loss,val_loss,grad_norm,tokens,bytes_sent,bytes_recv,total_sent,total_recv,"
-                 "step_s,optim_s,exchange_s,elapsed_s%s\n",
+                 "step_s,optim_s,exchange_s,elapsed_s%s,outer_s\n",
             decoupled ? ",unix_s,applies,reports,goodput,learner_tokens,bytes_up,bytes_down,useful_s,wasted_s,pending_s" : "");
 
   const int stop = c->stop_after > 0 && c->stop_after < c->steps ? c->stop_after : c->steps;
@@ -414,6 +415,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     const float gnorm = clip_grad(&m, c->clip);
     const float lr = lr_at(c, step);
     distro_step_stats st;
+    double outer_s = 0; /* DiLoCo's outer sync on this thread (part of optim_s) */
     if (dl) {
       /* The learners' traffic counts as the step's: inner plus outer. */
       distro_diloco_stats ds;
@@ -422,6 +424,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       st.bytes_sent += ds.outer_bytes_sent;
       st.bytes_received += ds.outer_bytes_received;
       st.seconds_total += ds.seconds_outer;
+      outer_s = ds.seconds_outer;
     } else {
       s = distro_optim_step(opt, lr, &st);
     }
@@ -496,7 +499,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
                 (unsigned long long)ls.bytes_up, (unsigned long long)ls.bytes_down, ls.useful_s, ls.wasted_s,
                 ls.pending_s);
 #endif
-      fprintf(log, "\n");
+      fprintf(log, ",%.6f\n", outer_s);
       if (decoupled) fflush(log); /* a learner may be SIGKILLed: the launcher reads what it did */
     }
     if (lead && !c->quiet &&
@@ -570,6 +573,17 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       }
     }
 #endif
+  }
+  if (lead && !c->quiet) { /* exact counts for launchers (bench/wan), the final DiLoCo merge included */
+    if (c->label) fprintf(x->out, "[%s] ", c->label);
+    fprintf(x->out, "library bytes, all ranks: sent %llu, received %llu", (unsigned long long)tot_sent,
+            (unsigned long long)tot_recv);
+#ifdef DISTRO_WITH_SYNC
+    if (lrn)
+      fprintf(x->out, "; to the syncer %llu, from it %llu", (unsigned long long)ls.bytes_up,
+              (unsigned long long)ls.bytes_down);
+#endif
+    fprintf(x->out, "\n");
   }
   if (lead) {
     res->final_val = final_val;

@@ -57,6 +57,7 @@ typedef struct {
    * one data-parallel learner with `inner` inside. */
   const char *syncer;
   int learner_id;
+  const char *serve_endpoint; /* where peers pull this learner's state (NULL: the library's loopback default) */
   double step_delay_ms; /* sleep this long after each step (a slower learner) */
   double time_limit;    /* > 0: stop after this many seconds (at a step all ranks agree on) */
   int start_step;       /* begin the schedule here (a learner restarted mid-run) */

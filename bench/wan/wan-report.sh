@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The table, the targets and the plot of a bench/wan run, from DIR/results.tsv
+# and the per-run curves DIR/MODE-RATE.dat (written by wan-bench.sh; rerun
+# this on a finished DIR at will).
+#
+#   bench/wan/wan-report.sh DIR [PRESET]
+set -euo pipefail
+dir=${1:?usage: wan-report.sh DIR [PRESET]}
+preset=${2:-}
+tsv=$dir/results.tsv
+[ -s "$tsv" ] || { echo "wan-report: no results in $tsv" >&2; exit 1; }
+
+# Columns of results.tsv: mode rate steps final_val step_s comm_s first5_s library_B kernel_B wall_s load0 load1.
+# The target: the AdamW run's last periodic validation loss (the same 64 windows every run evaluates),
+# reached when a run's periodic validation first gets to it; the time is the trainer's elapsed seconds.
+awk -F'\t' -v dir="$dir" -v preset="$preset" '
+function curve_time(mode, rate, target,   f, line, a, t) {
+  f = dir "/" mode "-" rate ".dat"; t = -1
+  while ((getline line < f) > 0) { split(line, a, " "); if (t < 0 && a[2] + 0 <= target) t = a[1] + 0 }
+  close(f); return t
+}
+function last_val(mode, rate,   f, line, a, v) {
+  f = dir "/" mode "-" rate ".dat"; v = ""
+  while ((getline line < f) > 0) { split(line, a, " "); v = a[2] }
+  close(f); return v
+}
+function mb(b) { return sprintf("%.2f", b / 1e6) }
+{ n++; for (i = 1; i <= 12; i++) R[n, i] = $i; if ($1 == "adamw" && $4 != "failed") target[$2] = last_val("adamw", $2) }
+END {
+  for (r = 1; r <= n; r++) {
+    mode = R[r, 1]; rate = R[r, 2]; tg = (rate in target) ? target[rate] : ""
+    if (R[r, 4] == "failed") { T[r] = -1; TG[r] = tg; continue }
+    if (tg == "") for (x in target) tg = target[x]           # AdamW ends identically at every rate
+    t = tg == "" ? -1 : curve_time(mode, rate, tg)
+    T[r] = t; TG[r] = tg
+    if (mode == "adamw") tadam[rate] = t
+  }
+  hdr = sprintf("%-15s %6s %9s %7s %8s %8s %8s %8s %9s %9s %9s %8s %7s %7s", "mode", "link", "to target", "speed-up",
+                "final", "step", "compute", "comm", "steps 1-5", "link floor", "library", "kernel", "kern/lib", "wall")
+  print "== bench/wan" (preset != "" ? " (" preset ")" : "") ": 4 ranks/learners, same tokens; target (AdamW, last periodic validation): " (TG[1] != "" ? TG[1] : "none")
+  print hdr
+  print sprintf("%-15s %6s %9s %7s %8s %8s %8s %8s %9s %9s %9s %8s %7s %7s", "", "Mbit/s", "s", "vs adamw", "val loss",
+                "s", "s", "s", "s/step", "s/step", "MB", "MB", "", "s (load)")
+  md = "| mode | link Mbit/s | time to target s | vs adamw | final val loss | step s | compute s | comm s | steps 1-5 s | link floor s/step | library MB | kernel MB | kernel/library | run wall s (load) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  for (r = 1; r <= n; r++) {
+    mode = R[r, 1]; rate = R[r, 2]; steps = R[r, 3]; lib = R[r, 8]; ker = R[r, 9]
+    if (R[r, 4] == "failed") {
+      printf "%-15s %6s %9s   (the run failed: see its log)\n", mode, rate, "FAILED"
+      md = md sprintf("\n| %s | %s | failed | - | - | - | - | - | - | - | - | - | - | (%s-%s) |", mode, rate, R[r, 11], R[r, 12])
+      continue
+    }
+    tt = T[r] < 0 ? "not reached" : sprintf("%.1f", T[r])
+    sp = (T[r] > 0 && (rate in tadam) && tadam[rate] > 0) ? sprintf("%.1fx", tadam[rate] / T[r]) : "-"
+    floor = (rate == "none" || steps == 0) ? "-" : sprintf("%.3f", lib / 4 / steps * 8 / (rate * 1e6))
+    ratio = lib > 0 ? sprintf("%.3f", ker / lib) : "-"
+    comp = sprintf("%.3f", R[r, 5] - R[r, 6])
+    comm = mode == "decoupled" ? "bg" : sprintf("%.3f", R[r, 6])
+    wl = sprintf("%.0f (%s-%s)", R[r, 10], R[r, 11], R[r, 12])
+    printf "%-15s %6s %9s %7s %8s %8.3f %8s %8s %9.3f %9s %9s %8s %7s %s\n", mode, rate, tt, sp, R[r, 4], R[r, 5], comp,
+           comm, R[r, 7], floor, mb(lib), mb(ker), ratio, wl
+    md = md sprintf("\n| %s | %s | %s | %s | %s | %.3f | %s | %s | %.3f | %s | %s | %s | %s | %s |", mode, rate, tt, sp,
+                    R[r, 4], R[r, 5], comp, comm, R[r, 7], floor, mb(lib), mb(ker), ratio, wl)
+    key[mode, rate] = r
+  }
+  print md > (dir "/table.md")
+  print ""
+  print "targets:"
+  # 1. DisTrO step at 10 Mbit/s vs no limit, mean and over the first 5 steps.
+  if (((("distro", "10") in key)) && (("distro", "none") in key)) {
+    a = key["distro", "10"]; b = key["distro", "none"]
+    m = R[a, 5] / R[b, 5]; f = R[a, 7] / R[b, 7]
+    printf "  distro step at 10 Mbit/s vs no limit (target <= 1.2x, from the first step on): mean %.3f / %.3f s = %.2fx, steps 1-5 %.3f / %.3f s = %.2fx: %s\n",
+           R[a, 5], R[b, 5], m, R[a, 7], R[b, 7], f, (m <= 1.2 && f <= 1.2) ? "met" : "MISSED"
+  }
+  # 2. Time to the AdamW loss: best non-AdamW row per rate.
+  split("10 100", need, " "); want["10"] = 10; want["100"] = 2
+  for (q = 1; q <= 2; q++) {
+    rate = need[q]; if (!(rate in tadam)) continue
+    best = ""; bt = -1
+    for (r = 1; r <= n; r++) if (R[r, 2] == rate && R[r, 1] != "adamw" && T[r] > 0 && (bt < 0 || T[r] < bt)) { bt = T[r]; best = R[r, 1] }
+    if (best == "") { printf "  time to the AdamW loss at %s Mbit/s (target >= %dx sooner): no other mode reached it: MISSED\n", rate, want[rate]; continue }
+    printf "  time to the AdamW loss at %s Mbit/s (target >= %dx sooner): best %s %.1f s vs adamw %.1f s = %.1fx: %s\n", rate,
+           want[rate], best, bt, tadam[rate], tadam[rate] / bt, (tadam[rate] / bt >= want[rate] ? "met" : "MISSED")
+  }
+  # 3. Byte counts.
+  lo = 9; hi = 0; bad = ""
+  for (r = 1; r <= n; r++) if (R[r, 8] > 0) { x = R[r, 9] / R[r, 8]; if (x < lo) lo = x; if (x > hi) hi = x
+    if (x < 1.0 || x > 1.15) bad = bad " " R[r, 1] "@" R[r, 2] sprintf("=%.3f", x) }
+  printf "  kernel / library bytes (target 1.0-1.15 for every run): %.3f-%.3f: %s\n", lo, hi, (bad == "" ? "met" : "MISSED:" bad)
+  # 4. Overlap quality.
+  for (r = 1; r <= n; r++) if (R[r, 1] == "distro-overlap" && (("distro", R[r, 2]) in key)) {
+    b = key["distro", R[r, 2]]; d = R[r, 4] / R[b, 4] - 1
+    printf "  distro-overlap at %s: final val %s vs distro %s (%+.2f%%, target within 1%%): %s\n", R[r, 2], R[r, 4], R[b, 4],
+           100 * d, (d <= 0.01 && d >= -0.01) ? "met" : "MISSED"
+  }
+}' "$tsv" | tee "$dir/table.txt"
+cat << 'EOF'
+columns: to target = the trainer's elapsed seconds (rank 0 / learner 0, from its first step; start-up excluded) when
+its periodic validation first reaches the AdamW run's last one; final = whole validation split (decoupled: mean
+over learners of the global copy each last applied); step = mean seconds per step (rank 0), comm = in the
+library's collective (exchange_s, DiLoCo: plus its outer sync), compute = the rest; decoupled learners exchange
+on a background thread (bg); link floor = library bytes per rank per step at the link rate; library = bytes the
+ranks received by the library's count (each all-gathered payload once per receiver; decoupled: to and from the
+syncer), kernel = bytes leaving every namespace's link (TCP/IP and Ethernet headers, ACKs, MPI start-up and the
+trainer's own small all-reduces included); wall = the whole run (launch to exit) and the load average around it.
+EOF
+
+command -v gnuplot > /dev/null || exit 0
+rates=$(awk -F'\t' '$2 != "none" && !seen[$2]++ { print $2 }' "$tsv" | sort -rn)
+modes=$(awk -F'\t' '!seen[$1]++ { print $1 }' "$tsv")
+adamw_dat=$(ls "$dir"/adamw-*.dat 2> /dev/null | head -1)
+target=$([ -n "$adamw_dat" ] && tail -n 1 "$adamw_dat" | cut -d' ' -f2 || true)
+nr=$(echo "$rates" | wc -w)
+{
+  echo "set terminal pngcairo size $((520 * nr)),480 font 'sans,10'"
+  echo "set output '$dir/wan.png'"
+  echo "set multiplot layout 1,$nr title 'validation loss vs wall clock, 4 ranks, tbf links (bench/wan)'"
+  echo "set grid; set logscale x; set xlabel 'seconds since the first step'; set ylabel 'validation loss'; set key top right"
+  for rate in $rates; do
+    echo "set title '$rate Mbit/s'"
+    plot="plot "
+    for m in $modes; do
+      [ -s "$dir/$m-$rate.dat" ] && plot="$plot'$dir/$m-$rate.dat' using 1:2 with linespoints pt 7 ps 0.5 title '$m', "
+    done
+    [ -n "$target" ] && plot="$plot$target with lines dt 2 lc 'black' title 'AdamW final'"
+    echo "${plot%, }"
+  done
+  echo "unset multiplot"
+} > "$dir/wan.gp"
+gnuplot "$dir/wan.gp" && echo "plot: $dir/wan.png"
