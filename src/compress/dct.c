@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clones.h"
 #include "common/error.h"
 
 #ifdef DISTRO_HAVE_FFTW
@@ -123,16 +124,9 @@ void distro__dct_plan_destroy(distro__dct_plan *p) {
  * tile's height the lanes are its w columns (read in place); along its width
  * the tile is transposed first and the lanes are its h rows.
  *
- * Each kernel is compiled for AVX-512, AVX2 and baseline x86-64 and picked
- * at load time. The library builds with -ffp-contract=off, so every clone
- * performs the same IEEE operations in the same order per lane and the
- * results are bit-identical on every CPU, unlike the GEMM path. */
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
-#define DISTRO_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DISTRO_CLONES
-#endif
+ * Each kernel is compiled for several instruction sets (common/clones.h)
+ * with bit-identical results, so unlike the GEMM path (OpenBLAS picks its
+ * kernel by CPU) the transform rounds the same on every CPU. */
 
 static int64_t dct1_base(int64_t n, int *levels) {
   int l = 0;
@@ -186,7 +180,7 @@ fail:
 /* out[k][:] = sum_i a[k][i] in[i][:] for k < K, i < N; out is K x L
  * contiguous. Four output rows and 16 lanes are accumulated at once in
  * registers; the sum over i always runs in increasing order. */
-DISTRO_CLONES
+DISTRO__CLONES
 static void lanes_matmul(float *restrict out, const float *restrict a, const float *restrict in, int64_t ld, int64_t K,
                          int64_t N, int64_t L) {
   int64_t l0 = 0;
@@ -227,7 +221,7 @@ static void lanes_matmul(float *restrict out, const float *restrict a, const flo
 }
 
 /* u[i] = x[i] + x[N-1-i], v[i] = x[i] - x[N-1-i]; u, v contiguous M x L. */
-DISTRO_CLONES
+DISTRO__CLONES
 static void lanes_split(float *restrict u, float *restrict v, const float *restrict x, int64_t ld, int64_t n,
                         int64_t L) {
   const int64_t m = n / 2;
@@ -242,7 +236,7 @@ static void lanes_split(float *restrict u, float *restrict v, const float *restr
 }
 
 /* x[i] = a[i] + b[i], x[N-1-i] = a[i] - b[i]. */
-DISTRO_CLONES
+DISTRO__CLONES
 static void lanes_join(float *restrict x, int64_t ld, const float *restrict a, const float *restrict b, int64_t n,
                        int64_t L) {
   const int64_t m = n / 2;

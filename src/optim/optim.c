@@ -148,7 +148,7 @@ distro_status distro__optim_prepare(distro_optim *o) {
     o->counts = calloc((size_t)o->max_numel, sizeof(uint16_t));
     if (!o->scratch_a || !o->scratch_b || !o->scratch_c || !o->counts)
       DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload buffers");
-  } else {
+  } else if (o->comm->size > 1) { /* one rank updates straight from its gradients */
     o->flat = zalloc_floats(o->total_numel + 1);
     if (!o->flat) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the all-reduce buffer");
   }
