@@ -83,10 +83,21 @@ typedef struct distro_optim distro_optim;
 DISTRO_API distro_status distro_optim_create(const distro_options *o, distro_comm *comm, distro_optim **out);
 
 /* Registers a tensor (pointers into the caller's buffers, read at each step).
- * ndim >= 1, every shape entry >= 1. Names must be unique. Only before the
- * first step or load. Tensors with >= 3 dims chunk their last two. */
+ * ndim >= 1, every shape entry >= 1. Names must be unique, and no two
+ * tensors' param (or grad) buffers may overlap. Only before the first step
+ * or load. Tensors with >= 3 dims chunk their last two.
+ *
+ * `grad` may be NULL for a trainer that allocates its gradients lazily (in
+ * the first backward pass, as llm.c does): register everything up front and
+ * hand each gradient buffer over with distro_optim_set_grad before the first
+ * step. The first step fails with DISTRO_ERR_INVALID, on every rank, if a
+ * tensor still has none. */
 DISTRO_API distro_status distro_optim_add_param(distro_optim *o, const char *name, float *param, const float *grad,
                                      int ndim, const int64_t *shape);
+
+/* Sets (or moves) the gradient buffer of the tensor registered as `name`.
+ * Allowed at any time between steps; the buffer is read at each step. */
+DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name, const float *grad);
 
 /* One optimizer step on every registered tensor. `lr` overrides the options'
  * lr (for schedules). Collective: every rank must call it. On any failure no

@@ -1,6 +1,7 @@
 /* Optimizer lifecycle: create, register tensors, allocate, agree on the
  * tensor list across ranks, and dispatch the step. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,17 +34,36 @@ distro_status distro_optim_create(const distro_options *opt, distro_comm *comm, 
   return DISTRO_OK;
 }
 
+/* [a, a + an) and [b, b + bn) floats overlap (addresses compared as integers:
+ * the buffers are unrelated objects). */
+static int ranges_overlap(const float *a, int64_t an, const float *b, int64_t bn) {
+  uintptr_t a0 = (uintptr_t)a, a1 = a0 + (uintptr_t)an * sizeof(float);
+  uintptr_t b0 = (uintptr_t)b, b1 = b0 + (uintptr_t)bn * sizeof(float);
+  return a0 < b1 && b0 < a1;
+}
+
+/* Name of a registered tensor whose gradient buffer overlaps [g, g + n). */
+static const char *grad_overlap(const distro_optim *o, const float *g, int64_t n, int skip) {
+  for (int i = 0; i < o->nparams; i++)
+    if (i != skip && o->params[i].grad && ranges_overlap(g, n, o->params[i].grad, o->params[i].numel))
+      return o->params[i].name;
+  return NULL;
+}
+
 distro_status distro_optim_add_param(distro_optim *o, const char *name, float *param, const float *grad, int ndim,
                                      const int64_t *shape) {
   distro_status st = DISTRO_OK;
   char *copy = NULL;
-  if (!o || !name || !param || !grad || !shape)
-    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: NULL argument");
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: the optimizer is NULL");
+  if (!name) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: name is NULL");
+  if (!param) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%.64s'): param is NULL", name);
+  if (!shape) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%.64s'): shape is NULL", name);
   if (o->ready)
-    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): tensors are frozen after the first step or load",
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%.64s'): tensors are frozen after the first step or load",
                         name);
   if (!*name || strlen(name) > 255)
-    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: name must have 1..255 characters");
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: name must have 1..255 characters (got %zu)",
+                        strlen(name));
   if (ndim < 1 || ndim > DISTRO__MAX_NDIM)
     return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): ndim %d not in [1, %d]", name, ndim,
                         DISTRO__MAX_NDIM);
@@ -55,6 +75,18 @@ distro_status distro_optim_add_param(distro_optim *o, const char *name, float *p
   int64_t topk = o->opt.algorithm == DISTRO_ALG_DEMO ? o->opt.topk : 1;
   st = distro__tiling_init(&t, ndim, shape, target, topk);
   if (st != DISTRO_OK) return distro__fail(st, "distro_optim_add_param('%s'): %s", name, distro_last_error());
+  const int64_t numel = t.rows * t.cols;
+  if (numel > (int64_t)(SIZE_MAX / 4 / sizeof(float)))
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): %lld elements do not fit in memory", name,
+                        (long long)numel);
+  for (int i = 0; i < o->nparams; i++)
+    if (ranges_overlap(param, numel, o->params[i].param, o->params[i].numel))
+      return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): param overlaps the param buffer of '%s'",
+                          name, o->params[i].name);
+  const char *other = grad ? grad_overlap(o, grad, numel, -1) : NULL;
+  if (other)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): grad overlaps the grad buffer of '%s'", name,
+                        other);
   if (o->nparams == o->cap) {
     int cap = o->cap ? 2 * o->cap : 16;
     distro__param *p = realloc(o->params, sizeof *p * (size_t)cap);
@@ -71,9 +103,26 @@ distro_status distro_optim_add_param(distro_optim *o, const char *name, float *p
   p->grad = grad;
   p->ndim = ndim;
   memcpy(p->shape, shape, sizeof(int64_t) * (size_t)ndim);
-  p->numel = t.rows * t.cols;
+  p->numel = numel;
   p->tiling = t;
   return DISTRO_OK;
+}
+
+distro_status distro_optim_set_grad(distro_optim *o, const char *name, const float *grad) {
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad: the optimizer is NULL");
+  if (!name) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad: name is NULL");
+  if (!grad) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad('%.64s'): grad is NULL", name);
+  for (int i = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    if (strcmp(p->name, name)) continue;
+    const char *other = grad_overlap(o, grad, p->numel, i);
+    if (other)
+      return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad('%s'): grad overlaps the grad buffer of '%s'",
+                          name, other);
+    p->grad = grad;
+    return DISTRO_OK;
+  }
+  return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad: no tensor named '%.64s' is registered", name);
 }
 
 static void free_state(distro_optim *o) {
@@ -254,6 +303,13 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
   /* Allocation is local, so a failure on one rank must still reach the
    * others: it travels in the signature round of the first step. */
   st = distro__optim_prepare(o);
+  if (st == DISTRO_OK && !o->verified)
+    for (int i = 0; i < o->nparams; i++)
+      if (!o->params[i].grad) {
+        st = distro__fail(DISTRO_ERR_INVALID, "tensor '%s' has no gradient buffer yet (distro_optim_set_grad)",
+                          o->params[i].name);
+        break;
+      }
   if (!o->verified) {
     char why[512] = "";
     if (st != DISTRO_OK) snprintf(why, sizeof why, "%s", distro_last_error());

@@ -59,6 +59,9 @@ distro_status distro__options_check(const distro_options *o) {
     if (o->chunk <= 0) return distro__fail(DISTRO_ERR_INVALID, "chunk must be > 0 (got %d)", o->chunk);
     if (o->chunk > 4096) return distro__fail(DISTRO_ERR_INVALID, "chunk must be <= 4096 (got %d)", o->chunk);
     if (o->topk <= 0) return distro__fail(DISTRO_ERR_INVALID, "topk must be > 0 (got %d)", o->topk);
+    if ((int64_t)o->topk > (int64_t)o->chunk * o->chunk)
+      return distro__fail(DISTRO_ERR_INVALID, "topk %d exceeds the %d coefficients of a %dx%d chunk", o->topk,
+                          o->chunk * o->chunk, o->chunk, o->chunk);
   }
   return DISTRO_OK;
 }
