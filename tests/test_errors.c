@@ -35,7 +35,7 @@ static size_t numel(int i) { return (size_t)(shapes[i][0] * (ndims[i] == 2 ? sha
 
 static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   run_cfg *cfg = arg;
-  tu_corrupting k = {comm, cfg->corrupt_rank, 1, 0};
+  tu_corrupting k = {.inner = comm, .corrupt_rank = cfg->corrupt_rank, .corrupt_self = 1};
   distro_comm wrapped;
   tu_corrupting_wrap(&k, &wrapped);
   float *p[NT], *g[NT];

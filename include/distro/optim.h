@@ -51,7 +51,8 @@ typedef struct distro_options {
                                   instead of failing the step */
   float clip_median_multiple;  /* > 0: scale each peer's values of a tensor
                                   down to this multiple of the median norm
-                                  across peers */
+                                  across peers (DisTrO-AdamW: each peer's
+                                  step scale of a tensor too) */
 } distro_options;
 
 /* Defaults: lr 4e-4, beta 0.9/0.95, eps 1e-8, weight decay 0.1 (AdamW) or

@@ -144,6 +144,8 @@ static void free_state(distro_optim *o) {
   free(o->scratch_b);
   free(o->scratch_c);
   free(o->counts);
+  free(o->partials);
+  o->partials = NULL;
   free(o->flat);
   o->tilings = NULL;
   o->scratch_a = o->scratch_b = o->scratch_c = o->flat = NULL;
@@ -195,7 +197,8 @@ distro_status distro__optim_prepare(distro_optim *o) {
     o->scratch_b = zalloc_floats(o->max_numel);
     o->scratch_c = zalloc_floats(o->max_numel);
     o->counts = calloc((size_t)o->max_numel, sizeof(uint16_t));
-    if (!o->scratch_a || !o->scratch_b || !o->scratch_c || !o->counts)
+    o->partials = calloc((size_t)(o->max_numel / DISTRO__SUM_BLOCK + 1), sizeof(double));
+    if (!o->scratch_a || !o->scratch_b || !o->scratch_c || !o->counts || !o->partials)
       DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload buffers");
   } else if (o->comm->size > 1) { /* one rank updates straight from its gradients */
     o->flat = zalloc_floats(o->total_numel + 1);
@@ -356,7 +359,7 @@ distro_status distro_payload_bytes(const distro_options *opt, int n, const int *
     distro__wire2_tensor *w2 = calloc((size_t)n, sizeof *w2);
     if (!w2) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) w2[i].t = t[i];
-    *bytes = distro__wire2_bound(w2, n, opt->values);
+    *bytes = distro__wire2_bound(w2, n, opt->values, opt->update == DISTRO_UPDATE_ADAMW);
     free(w2);
   }
 fail:

@@ -6,12 +6,14 @@
 #include <distro/optim.h>
 
 #include "common/atomic_file.h"
+#include "common/blocksum.h"
 #include "compress/chunk.h"
 #include "compress/dct.h"
 #include "compress/wire.h"
 #include "compress/wire2.h"
 
 #define DISTRO__MAX_NDIM 8
+
 
 typedef struct distro__param {
   char *name;
@@ -23,7 +25,7 @@ typedef struct distro__param {
   distro__tiling tiling;
   distro__dct_plan plan;
   float *mom, *mom_next; /* DeMo momentum in the DCT domain; next is staged until commit */
-  float *m, *v;          /* AdamW moments */
+  float *m, *v;          /* AdamW moments (DisTrO-AdamW: of this rank's own gradient) */
   uint32_t *idx;         /* this step's selection (DeMo) */
   float *val;
 } distro__param;
@@ -55,6 +57,9 @@ struct distro_optim {
   uint8_t *dropped;               /* per rank: payload skipped this step */
   float *scratch_a, *scratch_b, *scratch_c; /* max_numel each */
   uint16_t *counts;                        /* max_numel: selections per coefficient */
+  float *scales;                  /* DisTrO-AdamW: this rank's step scale per tensor */
+  float *dec_scales;              /* world x nparams: every rank's, decoded */
+  double *partials;               /* max_numel / DISTRO__SUM_BLOCK + 1 block sums */
   float *flat;                  /* AdamW baseline: all gradients + 1 flag */
 };
 
@@ -86,6 +91,12 @@ size_t distro__payload_encode(distro_optim *o, int bad_tensor);
  * dec_val; applies the robust-aggregation options. Changes no state but
  * the receive buffers. */
 distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step_stats *s);
+/* DisTrO-AdamW: the mean of the ranks' step scales for tensor i (decoded
+ * this step; dropped ranks left out), summed in rank order. */
+float distro__mean_scale(const distro_optim *o, int i);
+/* Sum of x[j]^2 (j < n) in float64 in common/blocksum.h's order; part holds
+ * n / DISTRO__SUM_BLOCK + 1 doubles. */
+double distro__sum_squares(const float *x, int64_t n, double *part);
 /* Clip each peer's values per tensor to a multiple of the median norm. */
 int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple);
 distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s);
