@@ -193,16 +193,25 @@ static void sweep(const char *label, distro_options o, double lr, int wmin, int 
 
 Test(reference_step, defaults_are_documented) {
   distro_options d = distro_options_default(DISTRO_ALG_DEMO);
-  cr_assert_eq(d.chunk, 64);
+  cr_assert_eq(d.chunk, 32);
   cr_assert_eq(d.topk, 32);
   cr_assert_float_eq(d.compression_decay, 0.999f, 1e-7);
   cr_assert_eq(d.update, DISTRO_UPDATE_SIGN);
-  cr_assert_eq(d.values, DISTRO_VALUES_F32);
+  cr_assert_eq(d.values, DISTRO_VALUES_INT8);
+  cr_assert_eq(d.wire_version, 2);
   cr_assert_eq(d.algorithm, DISTRO_ALG_DEMO);
   distro_options a = distro_options_default(DISTRO_ALG_ADAMW);
   cr_assert_eq(a.algorithm, DISTRO_ALG_ADAMW);
   cr_assert_float_eq(a.beta1, 0.9f, 1e-7);
   cr_assert_float_eq(a.beta2, 0.95f, 1e-7);
+  /* Switching AdamW for DisTrO-AdamW changes one field: everything AdamW
+   * reads is the same in both defaults. */
+  cr_assert_eq(a.lr, d.lr);
+  cr_assert_eq(a.beta1, d.beta1);
+  cr_assert_eq(a.beta2, d.beta2);
+  cr_assert_eq(a.eps, d.eps);
+  cr_assert_eq(a.weight_decay, d.weight_decay);
+  cr_assert_float_eq(a.weight_decay, 0.1f, 1e-7);
 }
 
 Test(reference_step, sign_f32_world_1_to_4, .timeout = 120) {

@@ -490,6 +490,7 @@ Test(robust, wire_version_option_checked) {
   }
   for (int w = 1; w <= 2; w++) {
     distro_options b = d;
+    b.values = DISTRO_VALUES_F32; /* v1 carries F32, BF16 and SIGN1 only */
     b.wire_version = w;
     cr_expect_eq(distro_optim_create(&b, c[0], &o), DISTRO_OK);
     distro_optim_free(o);

@@ -17,8 +17,12 @@ typedef enum {
 } distro_algorithm;
 
 typedef enum {
-  DISTRO_UPDATE_SIGN,  /* DeMo reference: p -= lr * sign(Q) */
-  DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: Q feeds a standard AdamW */
+  DISTRO_UPDATE_SIGN,  /* DeMo reference: momentum of lr * g; p -= lr * sign(Q) */
+  DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: each rank's AdamW moments (its own,
+                          never exchanged) normalize its gradient before the
+                          compression and set the step size: p -= lr (rho /
+                          RMS(Q)) Q, rho the mean over ranks of the RMS of
+                          AdamW's step (docs/design.md) */
 } distro_update;
 
 typedef enum {
@@ -55,9 +59,11 @@ typedef struct distro_options {
                                   step scale of a tensor too) */
 } distro_options;
 
-/* Defaults: lr 4e-4, beta 0.9/0.95, eps 1e-8, weight decay 0.1 (AdamW) or
- * 0.0 (DeMo sign), decay 0.999, chunk 64, topk 32, SIGN update, F32 values,
- * wire version 2, no robust aggregation. */
+/* Defaults, the same for every algorithm: lr 4e-4, beta 0.9/0.95, eps 1e-8,
+ * weight decay 0.1, and for DeMo decay 0.999, chunk 32, topk 32, SIGN
+ * update, INT8 values, wire version 2, no robust aggregation. Setting
+ * update = DISTRO_UPDATE_ADAMW on these gives the recommended DisTrO-AdamW
+ * (docs/design.md): keep the lr and schedule of the AdamW it replaces. */
 DISTRO_API distro_options distro_options_default(distro_algorithm alg);
 
 typedef struct distro_step_stats {
