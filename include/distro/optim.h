@@ -36,7 +36,7 @@ typedef enum {
                           (distro_diloco_options.sparse_values), not the DeMo step */
 } distro_values;
 
-#define DISTRO_OPTIONS_VERSION 1
+#define DISTRO_OPTIONS_VERSION 2
 
 typedef struct distro_options {
   int version;                 /* DISTRO_OPTIONS_VERSION */
@@ -53,6 +53,10 @@ typedef struct distro_options {
    * exact DeMo semantics): */
   int drop_invalid_peers;      /* skip a peer whose payload fails validation
                                   instead of failing the step */
+  int threads;                 /* OpenMP threads of a step; 0: the caller's
+                                  (omp_get_max_threads() on the calling thread
+                                  at the first step). The step calls no BLAS,
+                                  so the process's BLAS threading is moot. */
   float clip_median_multiple;  /* > 0: scale each peer's values of a tensor
                                   down to this multiple of the median norm
                                   across peers (DisTrO-AdamW: each peer's

@@ -177,12 +177,13 @@ fail:
   return 0;
 }
 
-/* out[k][:] = sum_i a[k][i] in[i][:] for k < K, i < N; out is K x L
- * contiguous. Four output rows and 16 lanes are accumulated at once in
- * registers; the sum over i always runs in increasing order. */
+/* out[k][:] = sum_i a[k][i] in[i][:] for k < K, i < N, rows of out at
+ * stride ldo and of in at stride ld. Four output rows and 16 lanes are
+ * accumulated at once in registers; the sum over i always runs in
+ * increasing order. */
 DISTRO__CLONES
-static void lanes_matmul(float *restrict out, const float *restrict a, const float *restrict in, int64_t ld, int64_t K,
-                         int64_t N, int64_t L) {
+static void lanes_matmul(float *restrict out, int64_t ldo, const float *restrict a, const float *restrict in,
+                         int64_t ld, int64_t K, int64_t N, int64_t L) {
   int64_t l0 = 0;
   for (; l0 + 16 <= L; l0 += 16) {
     int64_t k0 = 0;
@@ -199,7 +200,7 @@ static void lanes_matmul(float *restrict out, const float *restrict a, const flo
           acc[3][j] += c3 * x[j];
         }
       }
-      for (int r = 0; r < 4; r++) memcpy(out + (k0 + r) * L + l0, acc[r], sizeof acc[r]);
+      for (int r = 0; r < 4; r++) memcpy(out + (k0 + r) * ldo + l0, acc[r], sizeof acc[r]);
     }
     for (; k0 < K; k0++) {
       float acc[16] = {0};
@@ -208,7 +209,7 @@ static void lanes_matmul(float *restrict out, const float *restrict a, const flo
         const float c = a[k0 * N + i];
         for (int j = 0; j < 16; j++) acc[j] += c * x[j];
       }
-      memcpy(out + k0 * L + l0, acc, sizeof acc);
+      memcpy(out + k0 * ldo + l0, acc, sizeof acc);
     }
   }
   if (l0 < L) /* remaining lanes, one at a time (same order of the sum) */
@@ -216,7 +217,7 @@ static void lanes_matmul(float *restrict out, const float *restrict a, const flo
       for (int64_t l = l0; l < L; l++) {
         float s = 0.0f;
         for (int64_t i = 0; i < N; i++) s += a[k * N + i] * in[i * ld + l];
-        out[k * L + l] = s;
+        out[k * ldo + l] = s;
       }
 }
 
@@ -250,45 +251,34 @@ static void lanes_join(float *restrict x, int64_t ld, const float *restrict a, c
   }
 }
 
-/* out (n x L contiguous) = DCT of the lane vector x (row stride ld).
- * work: 4 n L floats. */
+/* out (n rows of L lanes, row stride ldo) = DCT of the lane vector x (row
+ * stride ld). The even coefficients land on every other row of out, so the
+ * recursion writes them in place with twice the stride. work: 2 n L floats. */
 static void dct1_forward(const distro__dct1 *d, int level, int64_t n, const float *x, int64_t ld, float *out,
-                         int64_t L, float *work) {
+                         int64_t ldo, int64_t L, float *work) {
   if (level == d->levels) {
-    lanes_matmul(out, d->cb, x, ld, n, n, L);
+    lanes_matmul(out, ldo, d->cb, x, ld, n, n, L);
     return;
   }
   const int64_t m = n / 2;
-  float *u = work, *v = work + m * L, *e = work + n * L, *o = e + m * L;
+  float *u = work, *v = work + m * L;
   lanes_split(u, v, x, ld, n, L);
-  dct1_forward(d, level + 1, m, u, L, e, L, work + 2 * n * L);
-  lanes_matmul(o, d->s4[level], v, L, m, m, L);
-  for (int64_t k = 0; k < m; k++) {
-    memcpy(out + 2 * k * L, e + k * L, sizeof(float) * (size_t)L);
-    memcpy(out + (2 * k + 1) * L, o + k * L, sizeof(float) * (size_t)L);
-  }
+  dct1_forward(d, level + 1, m, u, L, out, 2 * ldo, L, work + n * L);
+  lanes_matmul(out + ldo, 2 * ldo, d->s4[level], v, L, m, m, L);
 }
 
-/* x (row stride ld) = inverse DCT of c (n x L contiguous). work: 4 n L. */
-static void dct1_inverse(const distro__dct1 *d, int level, int64_t n, const float *c, float *x, int64_t ld, int64_t L,
-                         float *work) {
+/* x (row stride ld) = inverse DCT of c (n rows of L lanes, row stride ldc).
+ * work: 3 n L floats. */
+static void dct1_inverse(const distro__dct1 *d, int level, int64_t n, const float *c, int64_t ldc, float *x,
+                         int64_t ld, int64_t L, float *work) {
   if (level == d->levels) {
-    if (ld == L) {
-      lanes_matmul(x, d->cbt, c, L, n, n, L);
-      return;
-    }
-    lanes_matmul(work, d->cbt, c, L, n, n, L);
-    for (int64_t i = 0; i < n; i++) memcpy(x + i * ld, work + i * L, sizeof(float) * (size_t)L);
+    lanes_matmul(x, ld, d->cbt, c, ldc, n, n, L);
     return;
   }
   const int64_t m = n / 2;
-  float *e = work, *o = work + m * L, *a = work + n * L, *b = a + m * L;
-  for (int64_t k = 0; k < m; k++) {
-    memcpy(e + k * L, c + 2 * k * L, sizeof(float) * (size_t)L);
-    memcpy(o + k * L, c + (2 * k + 1) * L, sizeof(float) * (size_t)L);
-  }
-  dct1_inverse(d, level + 1, m, e, a, L, L, work + 2 * n * L);
-  lanes_matmul(b, d->s4[level], o, L, m, m, L);
+  float *a = work, *b = work + m * L;
+  dct1_inverse(d, level + 1, m, c, 2 * ldc, a, L, L, work + n * L);
+  lanes_matmul(b, L, d->s4[level], c + ldc, 2 * ldc, m, m, L);
   lanes_join(x, ld, a, b, n, L);
 }
 
@@ -305,39 +295,41 @@ static void transpose(float *restrict dst, int64_t ldd, const float *restrict sr
 
 int64_t distro__dct_tile_work(const distro__dct_plan *p) {
   const int64_t e = p->t.h * p->t.w;
-  return 6 * e; /* two tile copies, then the 1-D transforms' work (4 n L) */
+  return 7 * e; /* three tile copies, then the 1-D transforms' work (4 n L) */
 }
 
-void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t ldx, float *ct, float *work) {
-  const int64_t h = p->t.h, w = p->t.w;
-  float *tr = work, *wk = work + 2 * h * w;
-  /* Height first, straight from the tensor (lanes: the w columns) into ct
-   * as scratch; then transpose and run the width (lanes: the h rows). */
-  if (h > 1) {
-    dct1_forward(&p->dh, 0, h, x, ldx, ct, w, wk);
-    transpose(tr, h, ct, w, h, w);
+void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t ldx, float *out, float *work) {
+  const int64_t h = p->t.h, w = p->t.w, e = h * w;
+  float *a = work, *b = work + e, *c = work + 2 * e, *wk = work + 3 * e;
+  /* Width first: the tile transposed (lanes: its h rows), transformed and
+   * transposed back; then the height, in place along the rows (lanes: the w
+   * columns), which leaves coefficient (b, d) at out[b*w + d]. */
+  if (w > 1) {
+    transpose(a, h, x, ldx, h, w);
+    dct1_forward(&p->dw, 0, w, a, h, b, h, h, wk);
+    transpose(c, w, b, h, w, h);
   } else {
-    memcpy(tr, x, sizeof(float) * (size_t)w);
+    for (int64_t i = 0; i < h; i++) c[i] = x[i * ldx];
   }
-  if (w > 1) dct1_forward(&p->dw, 0, w, tr, h, ct, h, wk);
-  else memcpy(ct, tr, sizeof(float) * (size_t)h);
+  if (h > 1) dct1_forward(&p->dh, 0, h, c, w, out, w, w, wk);
+  else memcpy(out, c, sizeof(float) * (size_t)w);
 }
 
-void distro__dct_tile_inverse(const distro__dct_plan *p, const float *ct, float *x, int64_t ldx, float *work) {
-  const int64_t h = p->t.h, w = p->t.w;
-  float *tr = work, *b = work + h * w, *wk = work + 2 * h * w;
-  if (h == 1) {
-    if (w > 1) dct1_inverse(&p->dw, 0, w, ct, x, 1, 1, wk);
-    else x[0] = ct[0];
-    return;
+void distro__dct_tile_inverse(const distro__dct_plan *p, const float *in, float *x, int64_t ldx, float *work) {
+  const int64_t h = p->t.h, w = p->t.w, e = h * w;
+  float *a = work, *b = work + e, *c = work + 2 * e, *wk = work + 3 * e;
+  const float *rows = in;
+  if (h > 1) {
+    dct1_inverse(&p->dh, 0, h, in, w, a, w, w, wk); /* height: lanes are the w columns */
+    rows = a;
   }
   if (w > 1) {
-    dct1_inverse(&p->dw, 0, w, ct, tr, h, h, wk); /* width: lanes are the h rows */
-    transpose(b, w, tr, h, w, h);
+    transpose(b, h, rows, w, h, w);
+    dct1_inverse(&p->dw, 0, w, b, h, c, h, h, wk); /* width: lanes are the h rows */
+    transpose(x, ldx, c, h, w, h);
   } else {
-    memcpy(b, ct, sizeof(float) * (size_t)h);
+    for (int64_t i = 0; i < h; i++) x[i * ldx] = rows[i];
   }
-  dct1_inverse(&p->dh, 0, h, b, x, ldx, w, wk);
 }
 
 static void fast_encode(const distro__dct_plan *p, const float *x, float *coef) {
@@ -350,9 +342,9 @@ static void fast_encode(const distro__dct_plan *p, const float *x, float *coef) 
     for (int64_t c = 0; c < t->nchunks; c++) {
       if (!work) continue;
       const int64_t r0 = (c / t->tiles_c) * h, c0 = (c % t->tiles_c) * w;
-      float *ct = work + distro__dct_tile_work(p);
-      distro__dct_tile_forward(p, x + r0 * t->cols + c0, t->cols, ct, work);
-      transpose(coef + r0 * t->cols + c0, t->cols, ct, h, w, h);
+      float *out = work + distro__dct_tile_work(p);
+      distro__dct_tile_forward(p, x + r0 * t->cols + c0, t->cols, out, work);
+      for (int64_t b = 0; b < h; b++) memcpy(coef + (r0 + b) * t->cols + c0, out + b * w, sizeof(float) * (size_t)w);
     }
     free(work);
   }
@@ -368,9 +360,9 @@ static void fast_decode(const distro__dct_plan *p, const float *coef, float *x) 
     for (int64_t c = 0; c < t->nchunks; c++) {
       if (!work) continue;
       const int64_t r0 = (c / t->tiles_c) * h, c0 = (c % t->tiles_c) * w;
-      float *ct = work + distro__dct_tile_work(p);
-      transpose(ct, h, coef + r0 * t->cols + c0, t->cols, h, w);
-      distro__dct_tile_inverse(p, ct, x + r0 * t->cols + c0, t->cols, work);
+      float *in = work + distro__dct_tile_work(p);
+      for (int64_t b = 0; b < h; b++) memcpy(in + b * w, coef + (r0 + b) * t->cols + c0, sizeof(float) * (size_t)w);
+      distro__dct_tile_inverse(p, in, x + r0 * t->cols + c0, t->cols, work);
     }
     free(work);
   }

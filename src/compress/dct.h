@@ -53,14 +53,13 @@ void distro__dct_decode_tiles(const distro__dct_plan *p, const float *coef, floa
 /* ---- one tile at a time (FAST method) ----------------------------------
  * The fused step works tile by tile so that a tile's data stays in cache
  * between the transform, the momentum blend, the selection and the update.
- * Coefficients of one tile travel transposed: ct[d*h + b] is coefficient
- * (b, d), the layout the second pass produces without a copy. */
+ * A tile's coefficients are row-major: (b, d) at out[b*w + d]. */
 
 /* Floats of `work` the tile functions need. */
 int64_t distro__dct_tile_work(const distro__dct_plan *p);
-/* ct = DCT of the h x w tile at x (row stride ldx). */
-void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t ldx, float *ct, float *work);
-/* x (h x w, row stride ldx) = inverse DCT of the transposed coefficients ct. */
-void distro__dct_tile_inverse(const distro__dct_plan *p, const float *ct, float *x, int64_t ldx, float *work);
+/* out (h x w) = DCT of the h x w tile at x (row stride ldx). */
+void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t ldx, float *out, float *work);
+/* x (h x w, row stride ldx) = inverse DCT of the coefficients in (h x w). */
+void distro__dct_tile_inverse(const distro__dct_plan *p, const float *in, float *x, int64_t ldx, float *work);
 
 #endif

@@ -1,6 +1,7 @@
 /* Optimizer lifecycle: create, register tensors, allocate, agree on the
  * tensor list across ranks, and dispatch the step. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,16 +141,18 @@ static void free_state(distro_optim *o) {
   }
   distro__payload_destroy(o);
   free(o->tilings);
-  free(o->scratch_a);
-  free(o->scratch_b);
-  free(o->scratch_c);
-  free(o->counts);
-  free(o->partials);
-  o->partials = NULL;
+  free(o->tile_base);
+  free(o->tile_sums);
+  free(o->amps);
+  free(o->ws);
+  free(o->ws_clock);
   free(o->flat);
   o->tilings = NULL;
-  o->scratch_a = o->scratch_b = o->scratch_c = o->flat = NULL;
-  o->counts = NULL;
+  o->tile_base = NULL;
+  o->tile_sums = NULL;
+  o->amps = o->flat = NULL;
+  o->ws = NULL;
+  o->ws_clock = NULL;
 }
 
 void distro_optim_free(distro_optim *o) {
@@ -188,18 +191,31 @@ distro_status distro__optim_prepare(distro_optim *o) {
       p->val = malloc(sizeof(float) * (size_t)sel);
       if (!p->mom || !p->mom_next || !p->idx || !p->val)
         DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the momentum of '%s'", p->name);
-      DISTRO_CHECK(distro__dct_plan_init(&p->plan, &p->tiling, DISTRO__DCT_GEMM));
+      DISTRO_CHECK(distro__dct_plan_init(&p->plan, &p->tiling, DISTRO__DCT_FAST));
     }
   }
   if (demo) {
     DISTRO_CHECK(distro__payload_prepare(o));
-    o->scratch_a = zalloc_floats(o->max_numel);
-    o->scratch_b = zalloc_floats(o->max_numel);
-    o->scratch_c = zalloc_floats(o->max_numel);
-    o->counts = calloc((size_t)o->max_numel, sizeof(uint16_t));
-    o->partials = calloc((size_t)(o->max_numel / DISTRO__SUM_BLOCK + 1), sizeof(double));
-    if (!o->scratch_a || !o->scratch_b || !o->scratch_c || !o->counts || !o->partials)
-      DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload buffers");
+    /* The step's tile loops: every tensor's tiles in one global order, and
+     * per thread one workspace for the largest tile (nothing is allocated
+     * during a step). */
+    o->tile_base = malloc(sizeof(int64_t) * (size_t)(o->nparams + 1));
+    o->amps = calloc((size_t)o->nparams, sizeof(float));
+    if (!o->tile_base || !o->amps) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+    o->tile_base[0] = 0;
+    o->ws_tile = 1;
+    for (int i = 0; i < o->nparams; i++) {
+      o->tile_base[i + 1] = o->tile_base[i] + o->tilings[i].nchunks;
+      if (o->tilings[i].chunk_elems > o->ws_tile) o->ws_tile = o->tilings[i].chunk_elems;
+    }
+    o->tile_sums = calloc((size_t)o->tile_base[o->nparams], sizeof(double));
+    o->nws = o->opt.threads > 0 ? o->opt.threads : omp_get_max_threads();
+    o->ws_bytes = distro__demo_ws_bytes(o->ws_tile);
+    o->ws = aligned_alloc(64, o->ws_bytes * (size_t)o->nws);
+    o->ws_clock = calloc((size_t)o->nws, sizeof *o->ws_clock);
+    if (!o->tile_sums || !o->ws || !o->ws_clock)
+      DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the step's workspaces (%d x %zu bytes)", o->nws, o->ws_bytes);
+    memset(o->ws, 0, o->ws_bytes * (size_t)o->nws); /* the selection counts start (and stay) zero */
   } else if (o->comm->size > 1) { /* one rank updates straight from its gradients */
     o->flat = zalloc_floats(o->total_numel + 1);
     if (!o->flat) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the all-reduce buffer");
@@ -322,7 +338,12 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
   } else if (st != DISTRO_OK) {
     return st;
   }
+  /* With options.threads, the step's parallel regions use that many threads;
+   * the caller's setting comes back on return. */
+  const int caller_threads = omp_get_max_threads();
+  if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
   st = o->opt.algorithm == DISTRO_ALG_DEMO ? distro__demo_step(o, lr, &s) : distro__adamw_step(o, lr, &s);
+  if (o->opt.threads > 0) omp_set_num_threads(caller_threads);
   if (st != DISTRO_OK) return st;
   o->step++;
   s.step = o->step;

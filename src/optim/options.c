@@ -26,6 +26,7 @@ distro_options distro_options_default(distro_algorithm alg) {
   o.wire_version = 2;
   o.drop_invalid_peers = 0;
   o.clip_median_multiple = 0.0f;
+  o.threads = 0;
   return o;
 }
 
@@ -53,6 +54,8 @@ distro_status distro__options_check(const distro_options *o) {
   if (!(isfinite(o->clip_median_multiple) && o->clip_median_multiple >= 0))
     return distro__fail(DISTRO_ERR_INVALID, "clip_median_multiple must be finite and >= 0");
   if (!(isfinite(o->lr) && o->lr >= 0)) return distro__fail(DISTRO_ERR_INVALID, "lr must be finite and >= 0");
+  if (o->threads < 0 || o->threads > 4096)
+    return distro__fail(DISTRO_ERR_INVALID, "threads must be in [0, 4096] (0: the caller's; got %d)", o->threads);
   if (!(isfinite(o->weight_decay) && o->weight_decay >= 0))
     return distro__fail(DISTRO_ERR_INVALID, "weight_decay must be finite and >= 0");
   if (distro__uses_adam(o)) {
