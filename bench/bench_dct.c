@@ -64,7 +64,8 @@ static double memcpy_gbs(size_t bytes) {
   return 2.0 * (double)bytes / best / 1e9;
 }
 
-static const char *method_name[] = {"GEMM", "FFTW", "naive"};
+static const char *method_name[] = {"GEMM", "FFTW", "naive", "fast"};
+#define NMETHODS 4
 
 typedef struct result {
   int ok;
@@ -185,14 +186,14 @@ int main(int argc, char **argv) {
   printf("%-13s %-6s %7s %10s %10s %10s %11s %9s %10s\n", "shape", "method", "rows", "enc ms", "dec ms",
          "GB/s", "Mparam/s", "x floor", "max err");
 
-  double tot[3] = {0, 0, 0}; /* seconds per parameter, summed over shapes */
-  int have[3] = {1, 1, 1};
+  double tot[NMETHODS] = {0}; /* seconds per parameter, summed over shapes */
+  int have[NMETHODS] = {1, 1, 1, 1};
   for (int s = 0; s < nshapes; s++) {
     char sh[48];
     snprintf(sh, sizeof sh, "%lldx%lld", (long long)shapes[s][0], (long long)shapes[s][1]);
     int best = -1;
     double best_pp = 1e30;
-    for (int m = 0; m < 3; m++) {
+    for (int m = 0; m < NMETHODS; m++) {
       int64_t rows = shapes[s][0] < rows_max ? shapes[s][0] : rows_max;
       if (m == DISTRO__DCT_NAIVE && rows > naive_rows) rows = naive_rows;
       result r = run(rows, shapes[s][1], chunk, (distro__dct_method)m, min_time, x, coef, y, scratch);
@@ -214,7 +215,7 @@ int main(int argc, char **argv) {
     if (best >= 0) printf("%-13s fastest: %s\n", sh, method_name[best]);
   }
   int best = -1;
-  for (int m = 0; m < 3; m++)
+  for (int m = 0; m < NMETHODS; m++)
     if (have[m] && (best < 0 || tot[m] < tot[best])) best = m;
   double bw_end = memcpy_gbs((size_t)1 << 30);
   printf("\nmemcpy again at the end: %.2f GB/s (well below the first figure means other work shared the machine)\n",
@@ -223,7 +224,7 @@ int main(int argc, char **argv) {
          "x floor = memcpy GB/s / that GB/s, the slowdown against a pure copy of the same bytes.\n");
   if (best >= 0) {
     printf("fastest overall (time per parameter summed over shapes): %s", method_name[best]);
-    for (int m = 0; m < 3; m++)
+    for (int m = 0; m < NMETHODS; m++)
       if (m != best && have[m]) printf(", %.2fx faster than %s", tot[m] / tot[best], method_name[m]);
     printf("\n");
   }

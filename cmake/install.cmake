@@ -129,6 +129,7 @@ if(FFTW3F_FOUND)
   string(APPEND DISTRO_PC_REQUIRES_PRIVATE " fftw3f")
 endif()
 set(DISTRO_PC_CFLAGS "-I\${includedir}")
+set(DISTRO_PC_LIBS "-L\${libdir} -ldistro")
 set(DISTRO_PC_LIBS_PRIVATE "${OpenMP_C_FLAGS} -lm -lpthread")
 if(DISTRO_WITH_MPI)
   # <distro/mpi.h> includes <mpi.h>, so its include path is public.
@@ -139,8 +140,11 @@ if(DISTRO_WITH_MPI)
   foreach(_d IN LISTS MPI_C_COMPILE_DEFINITIONS)
     string(APPEND DISTRO_PC_CFLAGS " -D${_d}")
   endforeach()
+  # ... and so is MPI's library: a trainer that includes it calls MPI itself
+  # (MPI_Init at least), and a shared link only resolves symbols from the
+  # libraries named on its own command line.
   foreach(_l IN LISTS MPI_C_LIBRARIES)
-    string(APPEND DISTRO_PC_LIBS_PRIVATE " ${_l}")
+    string(APPEND DISTRO_PC_LIBS " ${_l}")
   endforeach()
 endif()
 
@@ -154,7 +158,7 @@ Name: distro
 Description: Low-communication distributed training optimizer (DeMo / DisTrO-AdamW)
 Version: @PROJECT_VERSION@
 Requires.private: @DISTRO_PC_REQUIRES_PRIVATE@
-Libs: -L${libdir} -ldistro
+Libs: @DISTRO_PC_LIBS@
 Libs.private: @DISTRO_PC_LIBS_PRIVATE@
 Cflags: @DISTRO_PC_CFLAGS@
 ]==])

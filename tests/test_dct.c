@@ -25,7 +25,7 @@ static void ref_forward(const distro__tiling *t, const float *x, double *out) {
         }
 }
 
-static const distro__dct_method methods[] = {DISTRO__DCT_GEMM, DISTRO__DCT_NAIVE,
+static const distro__dct_method methods[] = {DISTRO__DCT_GEMM, DISTRO__DCT_NAIVE, DISTRO__DCT_FAST,
 #ifdef DISTRO_TEST_HAVE_FFTW
                                              DISTRO__DCT_FFTW
 #endif

@@ -35,7 +35,7 @@ static size_t numel(int i) { return (size_t)(shapes[i][0] * (ndims[i] == 2 ? sha
 
 static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   run_cfg *cfg = arg;
-  tu_corrupting k = {comm, cfg->corrupt_rank, 1, 0};
+  tu_corrupting k = {.inner = comm, .corrupt_rank = cfg->corrupt_rank, .corrupt_self = 1};
   distro_comm wrapped;
   tu_corrupting_wrap(&k, &wrapped);
   float *p[NT], *g[NT];
@@ -179,6 +179,10 @@ Test(errors, bad_options) {
   b.topk = -3;
   EXPECT_INVALID(distro_optim_create(&b, c, &o));
   cr_expect(strstr(distro_last_error(), "topk") != NULL);
+  b.chunk = 8;
+  b.topk = 65; /* more than an 8x8 chunk holds */
+  EXPECT_INVALID(distro_optim_create(&b, c, &o));
+  cr_expect(strstr(distro_last_error(), "exceeds the 64 coefficients") != NULL, "%s", distro_last_error());
   b = opt;
   b.compression_decay = 1.0f;
   EXPECT_INVALID(distro_optim_create(&b, c, &o));
@@ -206,15 +210,24 @@ Test(errors, bad_params_and_order) {
   int64_t sh[2] = {8, 8}, zero[2] = {8, 0}, neg[1] = {-4};
   EXPECT_INVALID(distro_optim_step(o, 0.1f, NULL)); /* nothing registered */
   EXPECT_INVALID(distro_optim_add_param(o, NULL, p, g, 2, sh));
+  cr_expect(strstr(distro_last_error(), "name is NULL") != NULL, "%s", distro_last_error());
   EXPECT_INVALID(distro_optim_add_param(o, "w", NULL, g, 2, sh));
-  EXPECT_INVALID(distro_optim_add_param(o, "w", p, NULL, 2, sh));
+  cr_expect(strstr(distro_last_error(), "param is NULL") != NULL, "%s", distro_last_error());
   EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 2, NULL));
+  cr_expect(strstr(distro_last_error(), "shape is NULL") != NULL, "%s", distro_last_error());
   EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 0, sh));
   EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 2, zero));
   EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 1, neg));
   cr_assert_eq(distro_optim_add_param(o, "w", p, g, 2, sh), DISTRO_OK);
   EXPECT_INVALID(distro_optim_add_param(o, "w", p, g, 2, sh));
   cr_expect(strstr(distro_last_error(), "duplicate") != NULL);
+  /* Overlapping buffers under another name are refused, naming the owner. */
+  float p2[64] = {0}, g2[64] = {0};
+  int64_t half[2] = {4, 8};
+  EXPECT_INVALID(distro_optim_add_param(o, "alias", p + 32, g2, 2, half));
+  cr_expect(strstr(distro_last_error(), "param overlaps the param buffer of 'w'") != NULL, "%s", distro_last_error());
+  EXPECT_INVALID(distro_optim_add_param(o, "alias", p2, g + 60, 2, half));
+  cr_expect(strstr(distro_last_error(), "grad overlaps the grad buffer of 'w'") != NULL, "%s", distro_last_error());
   EXPECT_INVALID(distro_optim_step(o, NAN, NULL));
   EXPECT_INVALID(distro_optim_step(o, -1.0f, NULL));
   EXPECT_INVALID(distro_optim_step(NULL, 0.1f, NULL));
@@ -244,14 +257,13 @@ static distro_status sig_rank(distro_comm *comm, int rank, void *arg) {
   if (cfg->variant == 2 && rank == 1) opt.topk = 16;
   distro_optim *o;
   cr_assert_eq(distro_optim_create(&opt, comm, &o), DISTRO_OK);
-  static float dummy[4][4096];
-  float *p = dummy[rank];
-  float g[4096] = {0};
+  static float params[4][4 * 4096], grads[4][4 * 4096];
+  float *p = params[rank], *g = grads[rank];
   int64_t a[2] = {64, 64}, b[2] = {32, 64}, bb[2] = {cfg->variant == 0 && rank == 2 ? 64 : 32, 32};
   distro_optim_add_param(o, "embed", p, g, 2, a);
-  distro_optim_add_param(o, "attn.w", p, g, 2, b);
-  distro_optim_add_param(o, "mlp.w", p, g, 2, bb);
-  if (cfg->variant == 1 && rank == 1) distro_optim_add_param(o, "extra", p, g, 2, b);
+  distro_optim_add_param(o, "attn.w", p + 4096, g + 4096, 2, b);
+  distro_optim_add_param(o, "mlp.w", p + 2 * 4096, g + 2 * 4096, 2, bb);
+  if (cfg->variant == 1 && rank == 1) distro_optim_add_param(o, "extra", p + 3 * 4096, g + 3 * 4096, 2, b);
   cfg->st[rank] = distro_optim_step(o, 0.1f, NULL);
   snprintf(cfg->msg[rank], sizeof cfg->msg[rank], "%s", distro_last_error());
   distro_optim_free(o);
@@ -268,4 +280,51 @@ Test(errors, mismatched_tensor_lists) {
       if (v == 1) cr_expect(strstr(cfg.msg[r], "#3") != NULL, "message names the tensor: %s", cfg.msg[r]);
     }
   }
+}
+
+/* A trainer that allocates gradients in its first backward pass registers
+ * with grad = NULL and hands the buffer over later. */
+typedef struct {
+  distro_status first[2], second[2];
+  char msg[2][512];
+  float w[2][256];
+} lazy_cfg;
+
+static distro_status lazy_rank(distro_comm *comm, int rank, void *arg) {
+  lazy_cfg *cfg = arg;
+  distro_options opt = distro_options_default(DISTRO_ALG_DEMO);
+  distro_optim *o;
+  cr_assert_eq(distro_optim_create(&opt, comm, &o), DISTRO_OK);
+  int64_t sh[2] = {16, 16};
+  float *g = calloc(256, sizeof *g);
+  for (int i = 0; i < 256; i++) cfg->w[rank][i] = 0.5f;
+  cr_assert_eq(distro_optim_add_param(o, "w", cfg->w[rank], NULL, 2, sh), DISTRO_OK);
+  /* Rank 1 forgets its buffer on the first try: both ranks fail alike. */
+  if (rank == 0) cr_assert_eq(distro_optim_set_grad(o, "w", g), DISTRO_OK);
+  cfg->first[rank] = distro_optim_step(o, 0.1f, NULL);
+  snprintf(cfg->msg[rank], sizeof cfg->msg[rank], "%s", distro_last_error());
+  cr_expect_eq(distro_optim_set_grad(o, "nope", g), DISTRO_ERR_INVALID);
+  cr_expect(strstr(distro_last_error(), "'nope'") != NULL, "%s", distro_last_error());
+  cr_expect_eq(distro_optim_set_grad(o, "w", NULL), DISTRO_ERR_INVALID);
+  for (int i = 0; i < 256; i++) g[i] = (float)(i % 7) - 3.0f;
+  cr_assert_eq(distro_optim_set_grad(o, "w", g), DISTRO_OK);
+  cfg->second[rank] = distro_optim_step(o, 0.1f, NULL);
+  distro_optim_free(o);
+  free(g);
+  return DISTRO_OK;
+}
+
+Test(errors, lazy_gradient_buffers) {
+  lazy_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cr_assert_eq(distro_comm_run_local(2, lazy_rank, &cfg), DISTRO_OK);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_neq(cfg.first[r], DISTRO_OK, "rank %d stepped without rank 1's gradient", r);
+    cr_expect_eq(cfg.second[r], DISTRO_OK, "rank %d", r);
+  }
+  cr_expect(strstr(cfg.msg[1], "'w' has no gradient buffer") != NULL, "%s", cfg.msg[1]);
+  cr_expect(memcmp(cfg.w[0], cfg.w[1], sizeof cfg.w[0]) == 0, "ranks differ after the step");
+  int moved = 0;
+  for (int i = 0; i < 256; i++) moved |= cfg.w[0][i] != 0.5f;
+  cr_expect(moved, "the step after set_grad did not change the parameters");
 }

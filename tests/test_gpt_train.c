@@ -376,10 +376,10 @@ Test(gpt_errors, bad_flags) {
   expect_error("--optim adamw --step-delay-ms 5", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
   expect_error("--optim distro --serve-endpoint tcp://10.0.0.1:*", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
 #ifdef SYNC_SYNCER_BIN
-  /* The serve endpoint reaches the library (bound when the learner starts; no syncer needed to fail). */
+  /* The serve endpoint reaches the library (checked when the learner is created; no syncer needed). */
   expect_error("--optim decoupled --syncer ipc:///nonexistent/x.ipc --learner-id 0 --serve-endpoint bogus://x "
                "--layers 1 --dim 32 --heads 2 --context 32 --ranks 1 --steps 2",
-               1, "cannot bind 'bogus://x'");
+               1, "serve endpoint: endpoint 'bogus://x'");
 #endif
   expect_error("--optim decoupled --syncer ipc:///tmp/x.ipc", 2, "--optim decoupled needs --syncer ENDPOINT and --learner-id N");
   expect_error("--optim decoupled --learner-id 1", 2, "--optim decoupled needs --syncer ENDPOINT and --learner-id N");

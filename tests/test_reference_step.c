@@ -193,16 +193,25 @@ static void sweep(const char *label, distro_options o, double lr, int wmin, int 
 
 Test(reference_step, defaults_are_documented) {
   distro_options d = distro_options_default(DISTRO_ALG_DEMO);
-  cr_assert_eq(d.chunk, 64);
+  cr_assert_eq(d.chunk, 32);
   cr_assert_eq(d.topk, 32);
   cr_assert_float_eq(d.compression_decay, 0.999f, 1e-7);
   cr_assert_eq(d.update, DISTRO_UPDATE_SIGN);
-  cr_assert_eq(d.values, DISTRO_VALUES_F32);
+  cr_assert_eq(d.values, DISTRO_VALUES_INT8);
+  cr_assert_eq(d.wire_version, 2);
   cr_assert_eq(d.algorithm, DISTRO_ALG_DEMO);
   distro_options a = distro_options_default(DISTRO_ALG_ADAMW);
   cr_assert_eq(a.algorithm, DISTRO_ALG_ADAMW);
   cr_assert_float_eq(a.beta1, 0.9f, 1e-7);
   cr_assert_float_eq(a.beta2, 0.95f, 1e-7);
+  /* Switching AdamW for DisTrO-AdamW changes one field: everything AdamW
+   * reads is the same in both defaults. */
+  cr_assert_eq(a.lr, d.lr);
+  cr_assert_eq(a.beta1, d.beta1);
+  cr_assert_eq(a.beta2, d.beta2);
+  cr_assert_eq(a.eps, d.eps);
+  cr_assert_eq(a.weight_decay, d.weight_decay);
+  cr_assert_float_eq(a.weight_decay, 0.1f, 1e-7);
 }
 
 Test(reference_step, sign_f32_world_1_to_4, .timeout = 120) {
@@ -215,10 +224,17 @@ Test(reference_step, sign_f32_wire_v1, .timeout = 120) {
   sweep("sign/f32/wire-v1", o, 0.01, 2, 3, 3);
 }
 
-Test(reference_step, adamw_update_bf16_wire_v1, .timeout = 120) {
+/* DisTrO-AdamW's payload carries a step scale per tensor: wire v2 only. */
+Test(reference_step, adamw_update_needs_wire_v2) {
   distro_options o = demo_opts(DISTRO_UPDATE_ADAMW, DISTRO_VALUES_BF16);
   o.wire_version = 1;
-  sweep("adamw-update/bf16/wire-v1", o, 1e-3, 2, 3, 2);
+  distro_comm *c;
+  distro_optim *opt = NULL;
+  cr_assert_eq(distro_comm_local_group(1, &c), DISTRO_OK);
+  cr_expect_eq(distro_optim_create(&o, c, &opt), DISTRO_ERR_INVALID);
+  cr_expect(strstr(distro_last_error(), "wire_version 2") != NULL, "%s", distro_last_error());
+  cr_expect_null(opt);
+  distro_comm_free(c);
 }
 
 /* Psyche-like settings: smaller chunk target, few coefficients, 0.995. */

@@ -17,8 +17,12 @@ typedef enum {
 } distro_algorithm;
 
 typedef enum {
-  DISTRO_UPDATE_SIGN,  /* DeMo reference: p -= lr * sign(Q) */
-  DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: Q feeds a standard AdamW */
+  DISTRO_UPDATE_SIGN,  /* DeMo reference: momentum of lr * g; p -= lr * sign(Q) */
+  DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: each rank's AdamW moments (its own,
+                          never exchanged) normalize its gradient before the
+                          compression and set the step size: p -= lr (rho /
+                          RMS(Q)) Q, rho the mean over ranks of the RMS of
+                          AdamW's step (docs/design.md) */
 } distro_update;
 
 typedef enum {
@@ -32,7 +36,7 @@ typedef enum {
                           (distro_diloco_options.sparse_values), not the DeMo step */
 } distro_values;
 
-#define DISTRO_OPTIONS_VERSION 1
+#define DISTRO_OPTIONS_VERSION 2
 
 typedef struct distro_options {
   int version;                 /* DISTRO_OPTIONS_VERSION */
@@ -49,14 +53,21 @@ typedef struct distro_options {
    * exact DeMo semantics): */
   int drop_invalid_peers;      /* skip a peer whose payload fails validation
                                   instead of failing the step */
+  int threads;                 /* OpenMP threads of a step; 0: the caller's
+                                  (omp_get_max_threads() on the calling thread
+                                  at the first step). The step calls no BLAS,
+                                  so the process's BLAS threading is moot. */
   float clip_median_multiple;  /* > 0: scale each peer's values of a tensor
                                   down to this multiple of the median norm
-                                  across peers */
+                                  across peers (DisTrO-AdamW: each peer's
+                                  step scale of a tensor too) */
 } distro_options;
 
-/* Defaults: lr 4e-4, beta 0.9/0.95, eps 1e-8, weight decay 0.1 (AdamW) or
- * 0.0 (DeMo sign), decay 0.999, chunk 64, topk 32, SIGN update, F32 values,
- * wire version 2, no robust aggregation. */
+/* Defaults, the same for every algorithm: lr 4e-4, beta 0.9/0.95, eps 1e-8,
+ * weight decay 0.1, and for DeMo decay 0.999, chunk 32, topk 32, SIGN
+ * update, INT8 values, wire version 2, no robust aggregation. Setting
+ * update = DISTRO_UPDATE_ADAMW on these gives the recommended DisTrO-AdamW
+ * (docs/design.md): keep the lr and schedule of the AdamW it replaces. */
 DISTRO_API distro_options distro_options_default(distro_algorithm alg);
 
 typedef struct distro_step_stats {
@@ -83,10 +94,21 @@ typedef struct distro_optim distro_optim;
 DISTRO_API distro_status distro_optim_create(const distro_options *o, distro_comm *comm, distro_optim **out);
 
 /* Registers a tensor (pointers into the caller's buffers, read at each step).
- * ndim >= 1, every shape entry >= 1. Names must be unique. Only before the
- * first step or load. Tensors with >= 3 dims chunk their last two. */
+ * ndim >= 1, every shape entry >= 1. Names must be unique, and no two
+ * tensors' param (or grad) buffers may overlap. Only before the first step
+ * or load. Tensors with >= 3 dims chunk their last two.
+ *
+ * `grad` may be NULL for a trainer that allocates its gradients lazily (in
+ * the first backward pass, as llm.c does): register everything up front and
+ * hand each gradient buffer over with distro_optim_set_grad before the first
+ * step. The first step fails with DISTRO_ERR_INVALID, on every rank, if a
+ * tensor still has none. */
 DISTRO_API distro_status distro_optim_add_param(distro_optim *o, const char *name, float *param, const float *grad,
                                      int ndim, const int64_t *shape);
+
+/* Sets (or moves) the gradient buffer of the tensor registered as `name`.
+ * Allowed at any time between steps; the buffer is read at each step. */
+DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name, const float *grad);
 
 /* One optimizer step on every registered tensor. `lr` overrides the options'
  * lr (for schedules). Collective: every rank must call it. On any failure no

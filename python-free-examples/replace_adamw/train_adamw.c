@@ -72,9 +72,9 @@ static void adamw_update(float *params, const float *grads, float *m, float *v, 
 }
 
 static int train(int rank, int world) {
-  float *params = malloc(NUM_PARAMS * sizeof(float)), *grads = malloc(NUM_PARAMS * sizeof(float));
+  float *params = malloc(NUM_PARAMS * sizeof(float)), *grads = NULL; /* allocated by the first backward */
   float *m = calloc(NUM_PARAMS, sizeof(float)), *v = calloc(NUM_PARAMS, sizeof(float));
-  if (!params || !grads || !m || !v) return 1;
+  if (!params || !m || !v) return 1;
   for (int i = 0; rank == 0 && i < NUM_TENSORS; i++)
     printf("%-4s %dD %lld x %lld at offset %zu\n", names[i], ndims[i], (long long)shapes[i][0],
            (long long)shapes[i][1], offsets[i]);
@@ -93,10 +93,11 @@ static int train(int rank, int world) {
       data_rng = data_rng * 6364136223846793005ull + 1442695040888963407ull;
       pos[s] = lo + (int)((data_rng >> 33) % (uint64_t)(hi - lo));
     }
+    if (!grads && !(grads = malloc(NUM_PARAMS * sizeof(float)))) return 1; /* lazily, as llm.c does */
     memset(grads, 0, NUM_PARAMS * sizeof(float));
     const float loss = forward_backward(params, grads, pos, BATCH);
     const float lr = 1e-2f * (0.55f + 0.45f * cosf(3.14159265f * step / STEPS)); /* cosine to 10% */
-    adamw_update(params, grads, m, v, NUM_PARAMS, lr, 0.9f, 0.95f, 1e-8f, 0.0f, step + 1);
+    adamw_update(params, grads, m, v, NUM_PARAMS, lr, 0.9f, 0.95f, 1e-8f, 0.1f, step + 1);
     if (rank == 0 && (step % 50 == 0 || step == STEPS - 1)) printf("step %3d  loss %.4f\n", step, loss);
   }
   if (rank == 0) { /* the whole text, every position */

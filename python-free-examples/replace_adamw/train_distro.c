@@ -65,8 +65,8 @@ static float forward_backward(const float *params, float *grads, const int *pos,
 static distro_status train(distro_comm *comm, int rank, void *arg) {
   const int world = distro_comm_size(comm);
   (void)arg;
-  float *params = malloc(NUM_PARAMS * sizeof(float)), *grads = malloc(NUM_PARAMS * sizeof(float));
-  if (!params || !grads) return DISTRO_ERR_NOMEM;
+  float *params = malloc(NUM_PARAMS * sizeof(float)), *grads = NULL; /* allocated by the first backward */
+  if (!params) return DISTRO_ERR_NOMEM;
   for (int i = 0; rank == 0 && i < NUM_TENSORS; i++)
     printf("%-4s %dD %lld x %lld at offset %zu\n", names[i], ndims[i], (long long)shapes[i][0],
            (long long)shapes[i][1], offsets[i]);
@@ -76,14 +76,15 @@ static distro_status train(distro_comm *comm, int rank, void *arg) {
     params[i] = i < offsets[2] ? 0.1f * ((float)(rng >> 40) / (1 << 24) - 0.5f) : 0.0f;
   }
 
-  /* The optimizer owns the state (momenta, moments) and all communication. */
+  /* The optimizer owns the state (momenta, moments) and all communication.
+   * Its defaults match AdamW's (lr schedule, betas, eps, weight decay 0.1):
+   * one field changes. The gradients do not exist yet: NULL for now. */
   distro_options o = distro_options_default(DISTRO_ALG_DEMO);
-  o.update = DISTRO_UPDATE_ADAMW; /* DisTrO-AdamW: the exchanged momentum feeds AdamW */
-  o.weight_decay = 0.0f;
+  o.update = DISTRO_UPDATE_ADAMW; /* DisTrO-AdamW */
   distro_optim *opt = NULL;
   distro_status st = distro_optim_create(&o, comm, &opt);
   for (int i = 0; st == DISTRO_OK && i < NUM_TENSORS; i++)
-    st = distro_optim_add_param(opt, names[i], params + offsets[i], grads + offsets[i], ndims[i], shapes[i]);
+    st = distro_optim_add_param(opt, names[i], params + offsets[i], NULL, ndims[i], shapes[i]);
 
   /* Each rank trains on its own shard of the text. */
   const int len = (int)sizeof TEXT - 2, lo = len * rank / world, hi = len * (rank + 1) / world;
@@ -93,6 +94,11 @@ static distro_status train(distro_comm *comm, int rank, void *arg) {
     for (int s = 0; s < BATCH; s++) {
       data_rng = data_rng * 6364136223846793005ull + 1442695040888963407ull;
       pos[s] = lo + (int)((data_rng >> 33) % (uint64_t)(hi - lo));
+    }
+    if (!grads) { /* lazily, as llm.c does; then hand each tensor's slice to the optimizer */
+      if (!(grads = malloc(NUM_PARAMS * sizeof(float)))) st = DISTRO_ERR_NOMEM;
+      for (int i = 0; st == DISTRO_OK && i < NUM_TENSORS; i++) st = distro_optim_set_grad(opt, names[i], grads + offsets[i]);
+      if (st != DISTRO_OK) break;
     }
     memset(grads, 0, NUM_PARAMS * sizeof(float));
     const float loss = forward_backward(params, grads, pos, BATCH);

@@ -40,7 +40,6 @@ typedef struct {
   const void *send; /* allgather: this rank's send buffer; allreduce: its buf */
   size_t n;         /* bytes (allgather), slot bytes (allgatherv) or floats (allreduce) */
   size_t len;       /* allgatherv: this rank's bytes */
-  float *part;      /* allreduce: this rank's reduced slice */
   int ok;           /* 0 if this rank could not take part (no memory) */
 } local_slot;
 
@@ -198,9 +197,11 @@ static distro_status local_allgatherv(distro_comm *c, const void *send, size_t b
 
 /* Rank r reduces elements [r*n/W, (r+1)*n/W) over ranks 0..W-1 in rank
  * order, so each element is summed in one fixed order whichever thread runs
- * first; then every rank copies all reduced slices into its own buffer. The
- * slices are private temporaries, so no rank overwrites a buffer a peer is
- * still reading. */
+ * first, and writes the sums into that slice of its own buffer; then every
+ * rank copies the other ranks' reduced slices into its buffer. In the first
+ * phase rank r writes only slice r of its buffer while peers read other
+ * slices of it; in the second it writes only the other slices while peers
+ * read slice r. So nothing is allocated and no read races a write. */
 static size_t slice_lo(size_t n, int r, int world) {
   /* n*r/W without overflowing n*r. */
   return (n / (size_t)world) * (size_t)r + (n % (size_t)world) * (size_t)r / (size_t)world;
@@ -209,35 +210,26 @@ static size_t slice_lo(size_t n, int r, int world) {
 static distro_status local_allreduce_sum(distro_comm *c, float *buf, size_t count) {
   local_group *g = c->impl;
   const int W = g->world, me = c->rank;
-  size_t lo = slice_lo(count, me, W), hi = slice_lo(count, me + 1, W);
-  float *part = hi > lo ? malloc((hi - lo) * sizeof *part) : NULL;
-  local_slot s = {.op = OP_ALLREDUCE, .send = buf, .n = count, .part = part,
-                  .ok = hi == lo || part != NULL};
+  local_slot s = {.op = OP_ALLREDUCE, .send = buf, .n = count, .ok = 1};
   distro_status st = publish_and_check(c, s);
-  if (st == DISTRO_ERR_TIMEOUT) {
-    free(part);
+  if (st == DISTRO_ERR_TIMEOUT) return st;
+  if (st != DISTRO_OK || W == 1) {
+    group_wait(g); /* same barrier count on every path */
     return st;
   }
-  if (st != DISTRO_OK) {
-    group_wait(g); /* same barrier count as the success path */
-    free(part);
-    return st;
+  const size_t lo = slice_lo(count, me, W), hi = slice_lo(count, me + 1, W);
+  const float *b0 = g->slots[0].send;
+  for (size_t i = lo; i < hi; i++) {
+    float t = b0[i];
+    for (int r = 1; r < W; r++) t += ((const float *)g->slots[r].send)[i];
+    buf[i] = t;
   }
-  if (hi > lo) {
-    const float *b0 = g->slots[0].send;
-    memcpy(part, b0 + lo, (hi - lo) * sizeof *part);
-    for (int r = 1; r < W; r++) {
-      const float *br = g->slots[r].send;
-      for (size_t i = lo; i < hi; i++) part[i - lo] += br[i];
-    }
-  }
-  group_wait(g); /* all slices reduced: nobody reads the input buffers now */
+  group_wait(g); /* all slices reduced */
   for (int r = 0; r < W; r++) {
     size_t rlo = slice_lo(count, r, W), rhi = slice_lo(count, r + 1, W);
-    if (rhi > rlo) memcpy(buf + rlo, g->slots[r].part, (rhi - rlo) * sizeof *buf);
+    if (r != me && rhi > rlo) memcpy(buf + rlo, (const float *)g->slots[r].send + rlo, (rhi - rlo) * sizeof *buf);
   }
-  group_wait(g); /* all slices copied: safe to free ours */
-  free(part);
+  group_wait(g); /* all slices copied: peers may reuse their buffers */
   return DISTRO_OK;
 }
 

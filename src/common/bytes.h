@@ -4,6 +4,7 @@
 #define DISTRO_COMMON_BYTES_H
 
 #include <stdint.h>
+#include <string.h>
 
 static inline void distro__put_u16(uint8_t *b, uint16_t v) {
   b[0] = (uint8_t)v;
@@ -25,6 +26,19 @@ static inline uint64_t distro__get_u64(const uint8_t *b) {
   uint64_t v = 0;
   for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
   return v;
+}
+
+/* IEEE-754 binary32 as its bit pattern, little-endian. */
+static inline void distro__put_f32(uint8_t *b, float x) {
+  uint32_t v;
+  memcpy(&v, &x, sizeof v);
+  distro__put_u32(b, v);
+}
+static inline float distro__get_f32(const uint8_t *b) {
+  uint32_t v = distro__get_u32(b);
+  float x;
+  memcpy(&x, &v, sizeof x);
+  return x;
 }
 
 #endif

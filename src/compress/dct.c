@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clones.h"
 #include "common/error.h"
 
 #ifdef DISTRO_HAVE_FFTW
@@ -28,6 +29,11 @@ void distro__dct_basis(int64_t n, float *basis) {
       basis[i * n + k] = (float)(ck * cos(pi * (double)(2 * i + 1) * (double)k / (double)(2 * n)));
     }
 }
+
+static int dct1_init(distro__dct1 *d, int64_t n);
+static void dct1_destroy(distro__dct1 *d);
+static void fast_encode(const distro__dct_plan *p, const float *x, float *coef);
+static void fast_decode(const distro__dct_plan *p, const float *coef, float *x);
 
 #ifdef DISTRO_HAVE_FFTW
 /* FFTW's planner is process-global and not thread-safe; this lock guards
@@ -72,6 +78,10 @@ distro_status distro__dct_plan_init(distro__dct_plan *p, const distro__tiling *t
   }
   distro__dct_basis(t->h, p->fh);
   distro__dct_basis(t->w, p->fw);
+  if (m == DISTRO__DCT_FAST && (!dct1_init(&p->dh, t->h) || !dct1_init(&p->dw, t->w))) {
+    distro__dct_plan_destroy(p);
+    return distro__fail(DISTRO_ERR_NOMEM, "DCT table allocation failed");
+  }
   if (m == DISTRO__DCT_FFTW) {
 #ifdef DISTRO_HAVE_FFTW
     if (t->chunk_elems > 1) {
@@ -95,6 +105,8 @@ void distro__dct_plan_destroy(distro__dct_plan *p) {
   if (!p) return;
   free(p->fh);
   free(p->fw);
+  dct1_destroy(&p->dh);
+  dct1_destroy(&p->dw);
 #ifdef DISTRO_HAVE_FFTW
   pthread_mutex_lock(&fftw_plan_lock);
   if (p->fftw_fwd) fftwf_destroy_plan(p->fftw_fwd);
@@ -102,6 +114,258 @@ void distro__dct_plan_destroy(distro__dct_plan *p) {
   pthread_mutex_unlock(&fftw_plan_lock);
 #endif
   memset(p, 0, sizeof *p);
+}
+
+/* ---- FAST method: factored 1-D transforms on lanes ------------------------
+ *
+ * A "lane vector" is n rows of L floats (row stride ld): the 1-D transform
+ * runs along the rows, independently for each of the L lanes, so every inner
+ * loop is a contiguous run of L floats that the compiler vectorizes. Along a
+ * tile's height the lanes are its w columns (read in place); along its width
+ * the tile is transposed first and the lanes are its h rows.
+ *
+ * Each kernel is compiled for several instruction sets (common/clones.h)
+ * with bit-identical results, so unlike the GEMM path (OpenBLAS picks its
+ * kernel by CPU) the transform rounds the same on every CPU. */
+
+static int64_t dct1_base(int64_t n, int *levels) {
+  int l = 0;
+  while (n % 2 == 0 && n > 4) {
+    n /= 2;
+    l++;
+  }
+  *levels = l;
+  return n;
+}
+
+static void dct1_destroy(distro__dct1 *d) {
+  free(d->cb);
+  free(d->cbt);
+  for (int l = 0; l < d->levels; l++) free(d->s4[l]);
+  memset(d, 0, sizeof *d);
+}
+
+static int dct1_init(distro__dct1 *d, int64_t n) {
+  const double pi = 3.14159265358979323846;
+  memset(d, 0, sizeof *d);
+  d->n = n;
+  d->base = dct1_base(n, &d->levels);
+  const int64_t b = d->base;
+  const double sb = pow(sqrt(0.5), d->levels);
+  d->cb = malloc(sizeof(float) * (size_t)(b * b));
+  d->cbt = malloc(sizeof(float) * (size_t)(b * b));
+  if (!d->cb || !d->cbt) goto fail;
+  for (int64_t k = 0; k < b; k++)
+    for (int64_t i = 0; i < b; i++) {
+      double ck = k == 0 ? sqrt(1.0 / (double)b) : sqrt(2.0 / (double)b);
+      float v = (float)(sb * ck * cos(pi * (double)(2 * i + 1) * (double)k / (double)(2 * b)));
+      d->cb[k * b + i] = v;
+      d->cbt[i * b + k] = v;
+    }
+  for (int l = 0; l < d->levels; l++) {
+    const int64_t m = n >> (l + 1);
+    const double sl = pow(sqrt(0.5), l + 1) * sqrt(2.0 / (double)m);
+    d->s4[l] = malloc(sizeof(float) * (size_t)(m * m));
+    if (!d->s4[l]) goto fail;
+    for (int64_t k = 0; k < m; k++)
+      for (int64_t i = 0; i < m; i++)
+        d->s4[l][k * m + i] = (float)(sl * cos(pi * (double)(2 * i + 1) * (double)(2 * k + 1) / (double)(4 * m)));
+  }
+  return 1;
+fail:
+  dct1_destroy(d);
+  return 0;
+}
+
+/* out[k][:] = sum_i a[k][i] in[i][:] for k < K, i < N, rows of out at
+ * stride ldo and of in at stride ld. Four output rows and 16 lanes are
+ * accumulated at once in registers; the sum over i always runs in
+ * increasing order. */
+DISTRO__CLONES
+static void lanes_matmul(float *restrict out, int64_t ldo, const float *restrict a, const float *restrict in,
+                         int64_t ld, int64_t K, int64_t N, int64_t L) {
+  int64_t l0 = 0;
+  for (; l0 + 16 <= L; l0 += 16) {
+    int64_t k0 = 0;
+    for (; k0 + 4 <= K; k0 += 4) {
+      float acc[4][16] = {{0}};
+      const float *a0 = a + k0 * N;
+      for (int64_t i = 0; i < N; i++) {
+        const float *x = in + i * ld + l0;
+        const float c0 = a0[i], c1 = a0[N + i], c2 = a0[2 * N + i], c3 = a0[3 * N + i];
+        for (int j = 0; j < 16; j++) {
+          acc[0][j] += c0 * x[j];
+          acc[1][j] += c1 * x[j];
+          acc[2][j] += c2 * x[j];
+          acc[3][j] += c3 * x[j];
+        }
+      }
+      for (int r = 0; r < 4; r++) memcpy(out + (k0 + r) * ldo + l0, acc[r], sizeof acc[r]);
+    }
+    for (; k0 < K; k0++) {
+      float acc[16] = {0};
+      for (int64_t i = 0; i < N; i++) {
+        const float *x = in + i * ld + l0;
+        const float c = a[k0 * N + i];
+        for (int j = 0; j < 16; j++) acc[j] += c * x[j];
+      }
+      memcpy(out + k0 * ldo + l0, acc, sizeof acc);
+    }
+  }
+  if (l0 < L) /* remaining lanes, one at a time (same order of the sum) */
+    for (int64_t k = 0; k < K; k++)
+      for (int64_t l = l0; l < L; l++) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < N; i++) s += a[k * N + i] * in[i * ld + l];
+        out[k * ldo + l] = s;
+      }
+}
+
+/* u[i] = x[i] + x[N-1-i], v[i] = x[i] - x[N-1-i]; u, v contiguous M x L. */
+DISTRO__CLONES
+static void lanes_split(float *restrict u, float *restrict v, const float *restrict x, int64_t ld, int64_t n,
+                        int64_t L) {
+  const int64_t m = n / 2;
+  for (int64_t i = 0; i < m; i++) {
+    const float *lo = x + i * ld, *hi = x + (n - 1 - i) * ld;
+    float *ui = u + i * L, *vi = v + i * L;
+    for (int64_t l = 0; l < L; l++) {
+      ui[l] = lo[l] + hi[l];
+      vi[l] = lo[l] - hi[l];
+    }
+  }
+}
+
+/* x[i] = a[i] + b[i], x[N-1-i] = a[i] - b[i]. */
+DISTRO__CLONES
+static void lanes_join(float *restrict x, int64_t ld, const float *restrict a, const float *restrict b, int64_t n,
+                       int64_t L) {
+  const int64_t m = n / 2;
+  for (int64_t i = 0; i < m; i++) {
+    float *lo = x + i * ld, *hi = x + (n - 1 - i) * ld;
+    const float *ai = a + i * L, *bi = b + i * L;
+    for (int64_t l = 0; l < L; l++) {
+      lo[l] = ai[l] + bi[l];
+      hi[l] = ai[l] - bi[l];
+    }
+  }
+}
+
+/* out (n rows of L lanes, row stride ldo) = DCT of the lane vector x (row
+ * stride ld). The even coefficients land on every other row of out, so the
+ * recursion writes them in place with twice the stride. work: 2 n L floats. */
+static void dct1_forward(const distro__dct1 *d, int level, int64_t n, const float *x, int64_t ld, float *out,
+                         int64_t ldo, int64_t L, float *work) {
+  if (level == d->levels) {
+    lanes_matmul(out, ldo, d->cb, x, ld, n, n, L);
+    return;
+  }
+  const int64_t m = n / 2;
+  float *u = work, *v = work + m * L;
+  lanes_split(u, v, x, ld, n, L);
+  dct1_forward(d, level + 1, m, u, L, out, 2 * ldo, L, work + n * L);
+  lanes_matmul(out + ldo, 2 * ldo, d->s4[level], v, L, m, m, L);
+}
+
+/* x (row stride ld) = inverse DCT of c (n rows of L lanes, row stride ldc).
+ * work: 3 n L floats. */
+static void dct1_inverse(const distro__dct1 *d, int level, int64_t n, const float *c, int64_t ldc, float *x,
+                         int64_t ld, int64_t L, float *work) {
+  if (level == d->levels) {
+    lanes_matmul(x, ld, d->cbt, c, ldc, n, n, L);
+    return;
+  }
+  const int64_t m = n / 2;
+  float *a = work, *b = work + m * L;
+  dct1_inverse(d, level + 1, m, c, 2 * ldc, a, L, L, work + n * L);
+  lanes_matmul(b, L, d->s4[level], c + ldc, 2 * ldc, m, m, L);
+  lanes_join(x, ld, a, b, n, L);
+}
+
+/* dst (cols x rows, row stride ldd) = transpose of src (rows x cols, stride lds). */
+static void transpose(float *restrict dst, int64_t ldd, const float *restrict src, int64_t lds, int64_t rows,
+                      int64_t cols) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 8)
+    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+      const int64_t i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
+      for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = j0; j < j1; j++) dst[j * ldd + i] = src[i * lds + j];
+    }
+}
+
+int64_t distro__dct_tile_work(const distro__dct_plan *p) {
+  const int64_t e = p->t.h * p->t.w;
+  return 7 * e; /* three tile copies, then the 1-D transforms' work (4 n L) */
+}
+
+void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t ldx, float *out, float *work) {
+  const int64_t h = p->t.h, w = p->t.w, e = h * w;
+  float *a = work, *b = work + e, *c = work + 2 * e, *wk = work + 3 * e;
+  /* Width first: the tile transposed (lanes: its h rows), transformed and
+   * transposed back; then the height, in place along the rows (lanes: the w
+   * columns), which leaves coefficient (b, d) at out[b*w + d]. */
+  if (w > 1) {
+    transpose(a, h, x, ldx, h, w);
+    dct1_forward(&p->dw, 0, w, a, h, b, h, h, wk);
+    transpose(c, w, b, h, w, h);
+  } else {
+    for (int64_t i = 0; i < h; i++) c[i] = x[i * ldx];
+  }
+  if (h > 1) dct1_forward(&p->dh, 0, h, c, w, out, w, w, wk);
+  else memcpy(out, c, sizeof(float) * (size_t)w);
+}
+
+void distro__dct_tile_inverse(const distro__dct_plan *p, const float *in, float *x, int64_t ldx, float *work) {
+  const int64_t h = p->t.h, w = p->t.w, e = h * w;
+  float *a = work, *b = work + e, *c = work + 2 * e, *wk = work + 3 * e;
+  const float *rows = in;
+  if (h > 1) {
+    dct1_inverse(&p->dh, 0, h, in, w, a, w, w, wk); /* height: lanes are the w columns */
+    rows = a;
+  }
+  if (w > 1) {
+    transpose(b, h, rows, w, h, w);
+    dct1_inverse(&p->dw, 0, w, b, h, c, h, h, wk); /* width: lanes are the h rows */
+    transpose(x, ldx, c, h, w, h);
+  } else {
+    for (int64_t i = 0; i < h; i++) x[i * ldx] = rows[i];
+  }
+}
+
+static void fast_encode(const distro__dct_plan *p, const float *x, float *coef) {
+  const distro__tiling *t = &p->t;
+  const int64_t h = t->h, w = t->w, nw = distro__dct_tile_work(p) + h * w;
+#pragma omp parallel
+  {
+    float *work = malloc(sizeof(float) * (size_t)nw);
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < t->nchunks; c++) {
+      if (!work) continue;
+      const int64_t r0 = (c / t->tiles_c) * h, c0 = (c % t->tiles_c) * w;
+      float *out = work + distro__dct_tile_work(p);
+      distro__dct_tile_forward(p, x + r0 * t->cols + c0, t->cols, out, work);
+      for (int64_t b = 0; b < h; b++) memcpy(coef + (r0 + b) * t->cols + c0, out + b * w, sizeof(float) * (size_t)w);
+    }
+    free(work);
+  }
+}
+
+static void fast_decode(const distro__dct_plan *p, const float *coef, float *x) {
+  const distro__tiling *t = &p->t;
+  const int64_t h = t->h, w = t->w, nw = distro__dct_tile_work(p) + h * w;
+#pragma omp parallel
+  {
+    float *work = malloc(sizeof(float) * (size_t)nw);
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < t->nchunks; c++) {
+      if (!work) continue;
+      const int64_t r0 = (c / t->tiles_c) * h, c0 = (c % t->tiles_c) * w;
+      float *in = work + distro__dct_tile_work(p);
+      for (int64_t b = 0; b < h; b++) memcpy(in + b * w, coef + (r0 + b) * t->cols + c0, sizeof(float) * (size_t)w);
+      distro__dct_tile_inverse(p, in, x + r0 * t->cols + c0, t->cols, work);
+    }
+    free(work);
+  }
 }
 
 /* ---- GEMM method ---------------------------------------------------------- */
@@ -216,6 +480,7 @@ static void fftw_decode(const distro__dct_plan *p, const float *coef, float *x, 
 void distro__dct_encode_tiles(const distro__dct_plan *p, const float *x, float *coef, float *scratch) {
   switch (p->method) {
     case DISTRO__DCT_GEMM: gemm_encode(p, x, coef, scratch); return;
+    case DISTRO__DCT_FAST: fast_encode(p, x, coef); return;
     case DISTRO__DCT_NAIVE: naive_apply(p, x, coef, 0); return;
     case DISTRO__DCT_FFTW:
 #ifdef DISTRO_HAVE_FFTW
@@ -228,6 +493,7 @@ void distro__dct_encode_tiles(const distro__dct_plan *p, const float *x, float *
 void distro__dct_decode_tiles(const distro__dct_plan *p, const float *coef, float *x, float *scratch) {
   switch (p->method) {
     case DISTRO__DCT_GEMM: gemm_decode(p, coef, x, scratch); return;
+    case DISTRO__DCT_FAST: fast_decode(p, coef, x); return;
     case DISTRO__DCT_NAIVE: naive_apply(p, coef, x, 1); return;
     case DISTRO__DCT_FFTW:
 #ifdef DISTRO_HAVE_FFTW

@@ -13,13 +13,31 @@
 /* basis[i*n + k] = c_k cos(pi (2i+1) k / 2n); computed in double. */
 void distro__dct_basis(int64_t n, float *basis);
 
-typedef enum { DISTRO__DCT_GEMM = 0, DISTRO__DCT_FFTW = 1, DISTRO__DCT_NAIVE = 2 } distro__dct_method;
+typedef enum {
+  DISTRO__DCT_GEMM = 0,  /* OpenBLAS against the dense bases */
+  DISTRO__DCT_FFTW = 1,  /* FFTW REDFT10/01 (benchmark only) */
+  DISTRO__DCT_NAIVE = 2, /* float64 direct sums (benchmark only) */
+  DISTRO__DCT_FAST = 3   /* even/odd butterflies, vectorized across a tile's rows or columns */
+} distro__dct_method;
+
+/* One-dimensional orthonormal DCT-II of length n as `levels` even/odd
+ * splits down to a dense base (ALGORITHMS.md's F, factored):
+ *   DCT_n x = (1/sqrt2) [ DCT_{n/2} (x_lo + rev x_hi) ; DCT-IV_{n/2} (x_lo - rev x_hi) ]
+ * with the even half recursing and the DCT-IV half a dense product. The
+ * 1/sqrt2 factors are folded into the stored matrices. */
+typedef struct distro__dct1 {
+  int64_t n, base;   /* base = n >> levels: odd or <= 4, transformed densely */
+  int levels;
+  float *cb, *cbt;   /* base x base DCT-II and its transpose, scaled */
+  float *s4[24];     /* level l: (n >> (l+1))^2 DCT-IV (symmetric), scaled */
+} distro__dct1;
 
 /* Basis matrices for one tiling; fh is h x h, fw is w x w. */
 typedef struct distro__dct_plan {
   distro__tiling t;
   distro__dct_method method;
   float *fh, *fw;
+  distro__dct1 dh, dw;       /* FAST: the factored transforms */
   void *fftw_fwd, *fftw_inv; /* FFTW plans, when method == FFTW */
 } distro__dct_plan;
 
@@ -31,5 +49,17 @@ void distro__dct_plan_destroy(distro__dct_plan *p);
 void distro__dct_encode_tiles(const distro__dct_plan *p, const float *x, float *coef, float *scratch);
 /* x = per-tile inverse DCT(coef). */
 void distro__dct_decode_tiles(const distro__dct_plan *p, const float *coef, float *x, float *scratch);
+
+/* ---- one tile at a time (FAST method) ----------------------------------
+ * The fused step works tile by tile so that a tile's data stays in cache
+ * between the transform, the momentum blend, the selection and the update.
+ * A tile's coefficients are row-major: (b, d) at out[b*w + d]. */
+
+/* Floats of `work` the tile functions need. */
+int64_t distro__dct_tile_work(const distro__dct_plan *p);
+/* out (h x w) = DCT of the h x w tile at x (row stride ldx). */
+void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t ldx, float *out, float *work);
+/* x (h x w, row stride ldx) = inverse DCT of the coefficients in (h x w). */
+void distro__dct_tile_inverse(const distro__dct_plan *p, const float *in, float *x, int64_t ldx, float *work);
 
 #endif

@@ -90,6 +90,29 @@ static void select_chunk(const uint32_t *mag, const int32_t *hist, int64_t n, in
   sort_indices(out, k);
 }
 
+void distro__topk_chunk(const float *x, int64_t ld, int64_t h, int64_t w, int64_t k, uint32_t *idx, float *val,
+                        uint32_t *mag, uint64_t *cand) {
+  const int64_t n = h * w;
+  if (k >= n) {
+    for (int64_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
+  } else {
+    int32_t hist[256] = {0};
+    int64_t m = 0;
+    for (int64_t b = 0; b < h; b++) {
+      const float *row = x + b * ld;
+      for (int64_t d = 0; d < w; d++, m++) {
+        uint32_t bits;
+        memcpy(&bits, &row[d], sizeof bits);
+        mag[m] = bits & 0x7fffffffu;
+        hist[mag[m] >> 23]++;
+      }
+    }
+    select_chunk(mag, hist, n, k, cand, idx);
+  }
+  const int64_t kk = k < n ? k : n;
+  for (int64_t j = 0; j < kk; j++) val[j] = x[(idx[j] / w) * ld + idx[j] % w];
+}
+
 void distro__topk_tiles(const distro__tiling *t, const float *coef, uint32_t *idx, float *val) {
   const int64_t n = t->chunk_elems, k = t->k;
 #pragma omp parallel
@@ -103,34 +126,21 @@ void distro__topk_tiles(const distro__tiling *t, const float *coef, uint32_t *id
       uint32_t *ci = idx + c * k;
       float *cv = val + c * k;
       const int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
-      if (k == n) {
-        for (int64_t i = 0; i < n; i++) ci[i] = (uint32_t)i;
-      } else if (mag && cand) {
-        int32_t hist[256] = {0};
-        int64_t m = 0;
-        for (int64_t b = 0; b < t->h; b++) {
-          const float *row = coef + (r0 + b) * t->cols + c0;
-          for (int64_t d = 0; d < t->w; d++, m++) {
-            uint32_t bits;
-            memcpy(&bits, &row[d], sizeof bits);
-            mag[m] = bits & 0x7fffffffu;
-            hist[mag[m] >> 23]++;
-          }
-        }
-        select_chunk(mag, hist, n, k, cand, ci);
-      } else {
-        uint64_t prev = UINT64_MAX;
-        for (int64_t j = 0; j < k; j++) {
-          uint64_t best = 0;
-          for (int64_t i = 0; i < n; i++) {
-            uint64_t key = topk_key(coef[distro__tile_offset(t, c, (uint32_t)i)], (uint32_t)i);
-            if (key < prev && key > best) best = key;
-          }
-          ci[j] = 0xffffffffu - (uint32_t)(best & 0xffffffffu);
-          prev = best;
-        }
-        sort_indices(ci, k);
+      if (mag && cand) {
+        distro__topk_chunk(coef + r0 * t->cols + c0, t->cols, t->h, t->w, k, ci, cv, mag, cand);
+        continue;
       }
+      uint64_t prev = UINT64_MAX;
+      for (int64_t j = 0; j < k; j++) {
+        uint64_t best = 0;
+        for (int64_t i = 0; i < n; i++) {
+          uint64_t key = topk_key(coef[distro__tile_offset(t, c, (uint32_t)i)], (uint32_t)i);
+          if (key < prev && key > best) best = key;
+        }
+        ci[j] = 0xffffffffu - (uint32_t)(best & 0xffffffffu);
+        prev = best;
+      }
+      sort_indices(ci, k);
       for (int64_t j = 0; j < k; j++) cv[j] = coef[distro__tile_offset(t, c, ci[j])];
     }
     free(mag);

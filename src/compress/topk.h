@@ -11,6 +11,11 @@
  * lower index, so the result is fully determined by the input. */
 void distro__topk_tiles(const distro__tiling *t, const float *coef, uint32_t *idx, float *val);
 
+/* One chunk: the h x w values at x (row stride ld). mag (h*w uint32) and
+ * cand (h*w uint64) are scratch. Same result as distro__topk_tiles. */
+void distro__topk_chunk(const float *x, int64_t ld, int64_t h, int64_t w, int64_t k, uint32_t *idx, float *val,
+                        uint32_t *mag, uint64_t *cand);
+
 /* Sets coef at the selected positions to zero (what was sent leaves the
  * momentum). */
 void distro__topk_zero_selected(const distro__tiling *t, float *coef, const uint32_t *idx);

@@ -56,6 +56,10 @@ struct distro_cuda_optim {
   float *d_flat, *h_flat;          /* AdamW baseline: all gradients + 1 flag; h_flat stages a CPU comm */
   int nccl;                        /* comm is NCCL: device buffers go to it directly */
   float *scratch_a, *scratch_b;    /* max_numel each */
+  float *d_u;                      /* DisTrO-AdamW: the normalized gradient (max_numel) */
+  double *d_partials, *h_partials; /* DisTrO-AdamW: block sums of every tensor's step^2 */
+  int64_t *block_off;              /* per tensor: its first block in the partials */
+  float *d_amp;                    /* DisTrO-AdamW: the step factor of the tensor being updated */
   int *counts;                     /* max_numel */
   cudaEvent_t ev[EV_COUNT];
   int have_events;
@@ -168,6 +172,15 @@ static void free_device_state(distro_cuda_optim *o) {
   o->d_flat = o->h_flat = NULL;
   cudaFree(o->scratch_a);
   cudaFree(o->scratch_b);
+  cudaFree(o->d_u);
+  cudaFree(o->d_amp);
+  o->d_amp = NULL;
+  cudaFree(o->d_partials);
+  cudaFreeHost(o->h_partials);
+  free(o->block_off);
+  o->d_u = NULL;
+  o->d_partials = o->h_partials = NULL;
+  o->block_off = NULL;
   cudaFree(o->counts);
   o->d_sel_idx = o->h_sel_idx = o->d_dec_idx = NULL;
   o->d_sel_val = o->h_sel_val = o->d_dec_val = o->scratch_a = o->scratch_b = NULL;
@@ -290,6 +303,18 @@ static distro_status prepare(distro_cuda_optim *o) {
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->scratch_a, sizeof(float) * (size_t)h->max_numel));
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->scratch_b, sizeof(float) * (size_t)h->max_numel));
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->counts, sizeof(int) * (size_t)h->max_numel));
+  if (h->opt.update == DISTRO_UPDATE_ADAMW) {
+    o->block_off = malloc(sizeof(int64_t) * (size_t)(h->nparams + 1));
+    if (!o->block_off) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+    o->block_off[0] = 0;
+    for (int i = 0; i < h->nparams; i++)
+      o->block_off[i + 1] = o->block_off[i] + (h->params[i].numel + DISTRO__SUM_BLOCK - 1) / DISTRO__SUM_BLOCK;
+    const size_t nb = (size_t)o->block_off[h->nparams];
+    DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_u, sizeof(float) * (size_t)h->max_numel));
+    DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_partials, sizeof(double) * (nb ? nb : 1)));
+    DISTRO_CUDA_TRY(cudaMallocHost((void **)&o->h_partials, sizeof(double) * (nb ? nb : 1)));
+    DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_amp, sizeof(float)));
+  }
   /* Page-locking the decoded arrays only speeds up their upload. */
   if (all && cudaHostRegister(h->dec_idx, sizeof(uint32_t) * all, cudaHostRegisterDefault) == cudaSuccess) {
     if (cudaHostRegister(h->dec_val, sizeof(float) * all, cudaHostRegisterDefault) == cudaSuccess)
@@ -325,6 +350,9 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   const int sign_update = h->opt.update == DISTRO_UPDATE_SIGN, world = h->comm->size;
   const float scale = sign_update ? lr : 1.0f, decay = h->opt.compression_decay;
   const size_t sel = (size_t)h->total_sel;
+  const int64_t t = h->step + 1;
+  const float c1 = (float)(1.0 - pow((double)h->opt.beta1, (double)t));
+  const float c2 = (float)(1.0 - pow((double)h->opt.beta2, (double)t));
 
   /* 1. Non-finite check, forward DCT and momentum into the staged buffer. */
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_START], S));
@@ -333,10 +361,16 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;
     DISTRO_CUDA_TRY(distro__cuda_nonfinite(S, p->grad, n, o->d_flags, i));
+    const float *x = p->grad; /* DisTrO-AdamW: the normalized gradient (demo.c) */
+    if (!sign_update) {
+      DISTRO_CUDA_TRY(distro__cuda_adam_input(S, p->grad, p->m, p->v, o->d_u, n, h->opt.beta1, h->opt.beta2,
+                                              h->opt.eps, c1, c2, o->d_partials + o->block_off[i], o->d_flags, i));
+      x = o->d_u;
+    }
     if (p->use_fft)
-      DISTRO_CHECK(distro__cuda_fft_encode(&p->fft, S, p->grad, p->mom_next, o->scratch_a, o->fft_cbuf));
+      DISTRO_CHECK(distro__cuda_fft_encode(&p->fft, S, x, p->mom_next, o->scratch_a, o->fft_cbuf));
     else
-      DISTRO_CHECK(distro__cuda_dct_encode(o->blas, S, &p->dct, p->grad, p->mom_next, o->scratch_a));
+      DISTRO_CHECK(distro__cuda_dct_encode(o->blas, S, &p->dct, x, p->mom_next, o->scratch_a));
     DISTRO_CUDA_TRY(distro__cuda_momentum(S, p->mom_next, p->mom, decay, scale, n));
   }
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_FORWARD], S));
@@ -347,8 +381,18 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_sel_idx, o->d_sel_idx, sizeof(uint32_t) * sel, cudaMemcpyDeviceToHost, S));
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_sel_val, o->d_sel_val, sizeof(float) * sel, cudaMemcpyDeviceToHost, S));
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_flags, o->d_flags, sizeof(int) * (size_t)h->nparams, cudaMemcpyDeviceToHost, S));
+  if (!sign_update)
+    DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_partials, o->d_partials, sizeof(double) * (size_t)o->block_off[h->nparams],
+                                    cudaMemcpyDeviceToHost, S));
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_SELECTED], S));
   DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
+  /* DisTrO-AdamW: each tensor's step scale, the blocks summed in order. */
+  for (int i = 0; !sign_update && i < h->nparams; i++) {
+    double sum = 0;
+    for (int64_t b = o->block_off[i]; b < o->block_off[i + 1]; b++) sum += o->h_partials[b];
+    const int64_t n = h->params[i].numel;
+    h->scales[i] = (float)sqrt(sum / (double)(n ? n : 1));
+  }
 
   /* 3. Encode, exchange, validate and decode: the CPU path's code. */
   int bad = -1;
@@ -369,9 +413,6 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->d_dropped, h->dropped, (size_t)world, cudaMemcpyHostToDevice, S));
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_UPLOADED], S));
   const float shrink = 1.0f - lr * h->opt.weight_decay;
-  const int64_t t = h->step + 1;
-  const float c1 = (float)(1.0 - pow((double)h->opt.beta1, (double)t));
-  const float c2 = (float)(1.0 - pow((double)h->opt.beta2, (double)t));
   for (int i = 0; i < h->nparams; i++) {
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;
@@ -385,11 +426,13 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
       DISTRO_CHECK(distro__cuda_fft_decode(&p->fft, S, o->scratch_a, q, o->scratch_b, o->fft_cbuf));
     else
       DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
-    if (sign_update)
+    if (sign_update) {
       DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, lr, shrink, n));
-    else
-      DISTRO_CUDA_TRY(distro__cuda_adamw_update(S, p->param, p->m, p->v, q, n, 1.0f, h->opt.beta1, h->opt.beta2,
-                                                h->opt.eps, lr, shrink, c1, c2));
+    } else { /* demo.c: p -= lr (rho / RMS(Q)) Q, then the moments */
+      DISTRO_CUDA_TRY(distro__cuda_scaled_update(S, p->param, q, n, lr, distro__mean_scale(h, i), shrink,
+                                                 o->d_partials + o->block_off[i], o->d_amp));
+      DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->m, p->v, p->grad, n, h->opt.beta1, h->opt.beta2));
+    }
     if (p->bf16) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, n));
   }
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_DONE], S));

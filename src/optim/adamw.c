@@ -4,17 +4,16 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
+#include "common/clones.h"
 #include "common/error.h"
 #include "optim/optim_internal.h"
 
-void distro__adamw_update(float *p, float *m, float *v, const float *q, int64_t n, float q_scale,
-                          const distro_options *o, float lr, int64_t t) {
-  const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
-  const float c1 = (float)(1.0 - pow((double)b1, (double)t));
-  const float c2 = (float)(1.0 - pow((double)b2, (double)t));
-  const float shrink = 1.0f - lr * o->weight_decay;
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < n; j++) {
+/* Elements [lo, hi) of the update; one clone per instruction set. */
+DISTRO__CLONES
+static void adamw_range(float *restrict p, float *restrict m, float *restrict v, const float *restrict q, int64_t lo,
+                        int64_t hi, float q_scale, float b1, float b2, float eps, float c1, float c2, float shrink,
+                        float lr) {
+  for (int64_t j = lo; j < hi; j++) {
     float g = q[j] * q_scale;
     float mj = b1 * m[j] + (1.0f - b1) * g;
     float vj = b2 * v[j] + (1.0f - b2) * g * g;
@@ -24,17 +23,62 @@ void distro__adamw_update(float *p, float *m, float *v, const float *q, int64_t 
   }
 }
 
+#define ADAMW_BLOCK 4096 /* elements per OpenMP work item */
+
+void distro__adamw_update(float *p, float *m, float *v, const float *q, int64_t n, float q_scale,
+                          const distro_options *o, float lr, int64_t t) {
+  const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
+  const float c1 = (float)(1.0 - pow((double)b1, (double)t));
+  const float c2 = (float)(1.0 - pow((double)b2, (double)t));
+  const float shrink = 1.0f - lr * o->weight_decay;
+  const int64_t blocks = (n + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; b++) {
+    const int64_t lo = b * ADAMW_BLOCK, hi = lo + ADAMW_BLOCK < n ? lo + ADAMW_BLOCK : n;
+    adamw_range(p, m, v, q, lo, hi, q_scale, b1, b2, eps, c1, c2, shrink, lr);
+  }
+}
+
+/* dst = src; returns nonzero if src holds an Inf or NaN. */
+static int copy_check(float *restrict dst, const float *restrict src, int64_t n) {
+  uint32_t bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+  for (int64_t j = 0; j < n; j++) {
+    const float x = src[j];
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    dst[j] = x;
+    bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
+  }
+  return bad != 0;
+}
+
 distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s) {
   distro_status st = DISTRO_OK;
   distro_comm *comm = o->comm;
   const int world = comm->size;
   const int64_t n = o->total_numel;
-  /* Flatten the gradients; the last slot counts ranks whose gradient is not
-   * finite, so every rank learns of it from the same all-reduce. */
+  double t1;
+  if (world == 1) {
+    /* Nothing to exchange: check the gradients, then update from them. */
+    int bad = distro__first_nonfinite_grad(o);
+    if (bad >= 0)
+      DISTRO_FAIL(DISTRO_ERR_NONFINITE, "non-finite gradient in tensor '%s'; nothing was applied", o->params[bad].name);
+    t1 = distro__now();
+    for (int i = 0; i < o->nparams; i++) {
+      distro__param *p = &o->params[i];
+      distro__adamw_update(p->param, p->m, p->v, p->grad, p->numel, 1.0f, &o->opt, lr, o->step + 1);
+    }
+    s->seconds_decode += distro__now() - t1;
+    return DISTRO_OK;
+  }
+  /* Flatten the gradients, checking them on the way; the last slot counts
+   * ranks whose gradient is not finite, so every rank learns of it from the
+   * same all-reduce. */
   int64_t off = 0;
-  int bad = distro__first_nonfinite_grad(o);
+  int bad = -1;
   for (int i = 0; i < o->nparams; i++) {
-    memcpy(o->flat + off, o->params[i].grad, sizeof(float) * (size_t)o->params[i].numel);
+    if (copy_check(o->flat + off, o->params[i].grad, o->params[i].numel) && bad < 0) bad = i;
     off += o->params[i].numel;
   }
   o->flat[n] = bad >= 0 ? 1.0f : 0.0f;
@@ -42,7 +86,7 @@ distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s
   DISTRO_CHECK(comm->ops->allreduce_sum(comm, o->flat, (size_t)n + 1));
   s->seconds_exchange += distro__now() - t0;
   /* Ring all-reduce: each rank sends and receives 2(W-1)/W of the buffer. */
-  uint64_t ring = world > 1 ? (uint64_t)(2.0 * (double)(world - 1) / (double)world * 4.0 * (double)n) : 0;
+  uint64_t ring = (uint64_t)(2.0 * (double)(world - 1) / (double)world * 4.0 * (double)n);
   s->bytes_sent = s->bytes_received = ring;
   if (o->flat[n] != 0.0f) {
     if (bad >= 0)
@@ -56,7 +100,7 @@ distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s
 #pragma omp parallel for reduction(| : overflow) schedule(static)
   for (int64_t j = 0; j < n; j++) overflow |= !isfinite(flat[j]);
   if (overflow) DISTRO_FAIL(DISTRO_ERR_NONFINITE, "the summed gradient overflowed; nothing was applied");
-  double t1 = distro__now();
+  t1 = distro__now();
   off = 0;
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];

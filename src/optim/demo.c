@@ -1,10 +1,20 @@
-/* The DeMo step (ALGORITHMS.md section 1), momentum kept in the DCT domain.
+/* The DeMo step (ALGORITHMS.md section 1), momentum kept in the DCT domain,
+ * one tile at a time.
  *
  * The transform is orthonormal, so decay*DCT(d) + s*DCT(g) = DCT(decay*d +
  * s*g), and removing the sent coefficients from DCT(d) is the reference's
  * "decode own payload and subtract". Each step then costs one forward DCT (of
- * the gradient) and one inverse (of the aggregate) instead of three. */
+ * the gradient) and one inverse (of the aggregate) instead of three.
+ *
+ * Every phase is one parallel loop over the tiles of all tensors, and a
+ * tile's data stays in cache from the load to the store: the forward
+ * transform, the momentum blend, the selection and the removal of what was
+ * selected touch the gradient and the momentum once; the aggregation, the
+ * inverse transform and the update touch the parameters once. Work per tile
+ * is independent and sums run in a fixed order (common/blocksum.h), so the
+ * result does not depend on the thread count. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,120 +23,319 @@
 #include "compress/topk.h"
 #include "optim/optim_internal.h"
 
-/* mom_next = decay*mom + s*DCT(grad); select; remove the selection.
- * Returns 0 if mom_next is not finite. A NaN or Inf in the gradient reaches
- * every coefficient of its tile through the transform, so checking the new
- * momentum in the pass that writes it replaces a separate scan of the
- * gradient (and also catches a momentum that overflowed). */
-static int compress_tensor(distro_optim *o, distro__param *p, float s, distro_step_stats *st) {
-  const int64_t n = p->numel;
-  const float decay = o->opt.compression_decay;
-  double t0 = distro__now();
-  distro__dct_encode_tiles(&p->plan, p->grad, p->mom_next, o->scratch_a);
-  float *next = p->mom_next;
-  const float *mom = p->mom;
-  uint32_t bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static)
-  for (int64_t j = 0; j < n; j++) {
-    const float v = decay * mom[j] + s * next[j];
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    next[j] = v;
-    bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
+/* A thread's scratch for one tile (distro__demo_prepare sizes it). */
+typedef struct {
+  float *dct;   /* the DCT's work */
+  float *a, *b; /* tiles */
+  uint16_t *cnt;
+  uint32_t *mag;
+  uint64_t *cand;
+  double t_transform, t_select, t_decode; /* seconds this thread spent */
+} tile_ws;
+
+static tile_ws workspace(const distro_optim *o, int thread) {
+  const int64_t e = o->ws_tile;
+  uint8_t *base = o->ws + (size_t)thread * o->ws_bytes;
+  tile_ws w = {0};
+  w.dct = (float *)base;
+  w.a = w.dct + 7 * e;
+  w.b = w.a + e;
+  w.cand = (uint64_t *)(w.b + e);
+  w.mag = (uint32_t *)(w.cand + e);
+  w.cnt = (uint16_t *)(w.mag + e);
+  return w;
+}
+
+size_t distro__demo_ws_bytes(int64_t max_tile) {
+  /* 9 float tiles (7 for the DCT), then u64, u32 and u16 per element; every
+   * part stays 8-byte aligned. */
+  const size_t e = (size_t)max_tile;
+  return (9 * e * sizeof(float) + e * (sizeof(uint64_t) + sizeof(uint32_t) + sizeof(uint16_t)) + 63) / 64 * 64;
+}
+
+/* Tensor of global tile g, and the tile's number inside it. */
+static int tile_tensor(const distro_optim *o, int64_t g, int64_t *c) {
+  int lo = 0, hi = o->nparams - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (o->tile_base[mid] <= g) lo = mid;
+    else hi = mid - 1;
   }
-  double t1 = distro__now();
-  st->seconds_transform += t1 - t0;
+  *c = g - o->tile_base[lo];
+  return lo;
+}
+
+/* Sum of squares of an h x w tile (row stride ld) in common/blocksum.h's
+ * order: element e = b*w + d goes to lane e % 256, lanes folded pairwise. */
+static double tile_sum_squares(const float *x, int64_t ld, int64_t h, int64_t w) {
+  double lane[DISTRO__SUM_LANES] = {0};
+  int64_t e = 0;
+  for (int64_t b = 0; b < h; b++)
+    for (int64_t d = 0; d < w; d++, e++) lane[e % DISTRO__SUM_LANES] += (double)x[b * ld + d] * (double)x[b * ld + d];
+  for (int l = DISTRO__SUM_LANES / 2; l >= 1; l /= 2)
+    for (int j = 0; j < l; j++) lane[j] += lane[j + l];
+  return lane[0];
+}
+
+static double seconds_between(double *t) {
+  const double now = distro__now(), d = now - *t;
+  *t = now;
+  return d;
+}
+
+/* ---- phase 1: compress ----------------------------------------------------
+ *
+ * DisTrO-AdamW's input comes from this rank's own AdamW moments (docs/design.md):
+ * u = g / (sqrt(vhat') + eps), the gradient normalized by the second moment
+ * it would have after this step (v' = b2 v + (1 - b2) g^2, not stored: the
+ * step may still fail), and the squares of the step AdamW would take here,
+ * mhat' / (sqrt(vhat') + eps), summed per tile. */
+static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off, float *u, double *sum) {
+  const distro__tiling *t = &p->tiling;
+  const int64_t tt = o->step + 1;
+  const float b1 = o->opt.beta1, b2 = o->opt.beta2, eps = o->opt.eps;
+  const float c1 = (float)(1.0 - pow((double)b1, (double)tt)), c2 = (float)(1.0 - pow((double)b2, (double)tt));
+  double lane[DISTRO__SUM_LANES] = {0};
+  int bad = 0;
+  int64_t e = 0;
+  for (int64_t b = 0; b < t->h; b++) {
+    const float *g = p->grad + off + b * t->cols, *m = p->m + off + b * t->cols, *v = p->v + off + b * t->cols;
+    for (int64_t d = 0; d < t->w; d++, e++) {
+      const float mj = b1 * m[d] + (1.0f - b1) * g[d];
+      const float vj = b2 * v[d] + (1.0f - b2) * g[d] * g[d];
+      const float den = sqrtf(vj / c2) + eps;
+      const float step = (mj / c1) / den;
+      u[e] = g[d] / den;
+      lane[e % DISTRO__SUM_LANES] += (double)step * (double)step;
+      bad |= !isfinite(vj);
+    }
+  }
+  for (int l = DISTRO__SUM_LANES / 2; l >= 1; l /= 2)
+    for (int j = 0; j < l; j++) lane[j] += lane[j + l];
+  *sum = lane[0];
+  return !bad;
+}
+
+/* Tile c of tensor i: mom_next = decay*mom + s*DCT(x), select, remove the
+ * selection. x is the gradient (sign update) or DisTrO-AdamW's normalized
+ * gradient. Returns 0 if mom_next is not finite: a NaN or Inf in the
+ * gradient reaches every coefficient of its tile through the transform, so
+ * this check replaces a scan of the gradient (and also catches a momentum
+ * that overflowed). */
+static int compress_tile(distro_optim *o, int i, int64_t c, float s, double *sum, tile_ws *ws) {
+  distro__param *p = &o->params[i];
+  const distro__tiling *t = &p->tiling;
+  const int64_t h = t->h, w = t->w, k = t->k, cols = t->cols;
+  const int64_t off = (c / t->tiles_c) * h * cols + (c % t->tiles_c) * w;
+  double clock = distro__now();
+  const float *x = p->grad + off;
+  int64_t ld = cols;
+  if (o->opt.update == DISTRO_UPDATE_ADAMW) {
+    if (!adam_tile(o, p, off, ws->b, sum)) return 0;
+    x = ws->b;
+    ld = w;
+  }
+  distro__dct_tile_forward(&p->plan, x, ld, ws->a, ws->dct);
+  const float decay = o->opt.compression_decay;
+  uint32_t bad = 0;
+  for (int64_t b = 0; b < h; b++) {
+    const float *mom = p->mom + off + b * cols, *f = ws->a + b * w;
+    float *next = p->mom_next + off + b * cols;
+    for (int64_t d = 0; d < w; d++) {
+      const float v = decay * mom[d] + s * f[d];
+      uint32_t bits;
+      memcpy(&bits, &v, sizeof bits);
+      next[d] = v;
+      bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
+    }
+  }
+  ws->t_transform += seconds_between(&clock);
   if (bad) return 0;
-  distro__topk_tiles(&p->tiling, next, p->idx, p->val);
-  distro__topk_zero_selected(&p->tiling, next, p->idx);
-  st->seconds_topk += distro__now() - t1;
+  float *next = p->mom_next + off;
+  uint32_t *idx = p->idx + c * k;
+  distro__topk_chunk(next, cols, h, w, k, idx, p->val + c * k, ws->mag, ws->cand);
+  for (int64_t j = 0; j < k; j++) next[(idx[j] / w) * cols + idx[j] % w] = 0.0f;
+  ws->t_select += seconds_between(&clock);
   return 1;
 }
 
-/* Aggregate every rank's decoded selection for tensor i into coef: per
- * coefficient the mean over the ranks that selected it, summed in rank order
- * so the result does not depend on thread count. Dropped ranks are skipped.
- * cnt is all zero on entry and on return: only the selected positions are
- * touched, so neither a memset nor a pass over the whole tile is needed. */
-static void aggregate_tensor(const distro_optim *o, int i, float *coef, uint16_t *cnt) {
+/* ---- phase 3: apply --------------------------------------------------------*/
+
+/* Aggregates every rank's decoded selection for tile c of tensor i into
+ * coef (h x w, row-major): per coefficient the mean over the ranks that
+ * selected it, summed in rank order; dropped ranks are skipped. cnt is all
+ * zero on entry and on return. */
+static void aggregate_tile(const distro_optim *o, int i, int64_t c, float *coef, uint16_t *cnt) {
   const distro__tiling *t = &o->tilings[i];
-  const int world = o->comm->size;
   const int64_t k = t->k;
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < t->nchunks; c++) {
-    const int64_t r0 = (c / t->tiles_c) * t->h, c0 = (c % t->tiles_c) * t->w;
-    for (int64_t b = 0; b < t->h; b++) memset(coef + (r0 + b) * t->cols + c0, 0, sizeof(float) * (size_t)t->w);
-    for (int r = 0; r < world; r++) {
-      if (o->dropped[r]) continue;
-      const size_t base = (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i];
-      const uint32_t *ri = o->dec_idx + base;
-      const float *rv = o->dec_val + base;
-      for (int64_t j = c * k; j < (c + 1) * k; j++) {
-        uint32_t ix = ri[j];
-        int64_t at = (r0 + ix / t->w) * t->cols + c0 + ix % t->w;
-        coef[at] += rv[j];
-        cnt[at]++;
-      }
+  memset(coef, 0, sizeof(float) * (size_t)t->chunk_elems);
+  for (int r = 0; r < o->comm->size; r++) {
+    if (o->dropped[r]) continue;
+    const size_t base = (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i] + (size_t)(c * k);
+    const uint32_t *ri = o->dec_idx + base;
+    const float *rv = o->dec_val + base;
+    for (int64_t j = 0; j < k; j++) {
+      coef[ri[j]] += rv[j];
+      cnt[ri[j]]++;
     }
-    /* Divide each selected coefficient once (the first visit clears cnt). */
-    for (int r = 0; r < world; r++) {
-      if (o->dropped[r]) continue;
-      const uint32_t *ri = o->dec_idx + (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i];
-      for (int64_t j = c * k; j < (c + 1) * k; j++) {
-        uint32_t ix = ri[j];
-        int64_t at = (r0 + ix / t->w) * t->cols + c0 + ix % t->w;
-        if (cnt[at] > 1) coef[at] /= (float)cnt[at];
-        cnt[at] = 0;
-      }
+  }
+  /* Divide each selected coefficient once (the first visit clears cnt). */
+  for (int r = 0; r < o->comm->size; r++) {
+    if (o->dropped[r]) continue;
+    const uint32_t *ri = o->dec_idx + (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i] + (size_t)(c * k);
+    for (int64_t j = 0; j < k; j++) {
+      if (cnt[ri[j]] > 1) coef[ri[j]] /= (float)cnt[ri[j]];
+      cnt[ri[j]] = 0;
     }
   }
 }
 
 static inline float signf(float x) { return (float)((x > 0) - (x < 0)); }
 
+/* Tile c of tensor i: Q = inverse DCT of the aggregate; the sign update
+ * p = p (1 - lr wd) - lr sign(Q), or DisTrO-AdamW's p = p (1 - lr wd) - a Q
+ * (a from the whole tensor, computed before) and this step's moments. */
+static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float a, tile_ws *ws) {
+  distro__param *p = &o->params[i];
+  const distro__tiling *t = &p->tiling;
+  const int64_t h = t->h, w = t->w, cols = t->cols;
+  const int64_t off = (c / t->tiles_c) * h * cols + (c % t->tiles_c) * w;
+  double clock = distro__now();
+  aggregate_tile(o, i, c, ws->a, ws->cnt);
+  ws->t_decode += seconds_between(&clock);
+  distro__dct_tile_inverse(&p->plan, ws->a, ws->b, w, ws->dct);
+  ws->t_transform += seconds_between(&clock);
+  const float shrink = 1.0f - lr * o->opt.weight_decay;
+  for (int64_t b = 0; b < h; b++) {
+    float *pw = p->param + off + b * cols;
+    const float *q = ws->b + b * w;
+    if (o->opt.update == DISTRO_UPDATE_SIGN) {
+      for (int64_t d = 0; d < w; d++) pw[d] = pw[d] * shrink - lr * signf(q[d]);
+      continue;
+    }
+    for (int64_t d = 0; d < w; d++) pw[d] = pw[d] * shrink - a * q[d];
+    const float b1 = o->opt.beta1, b2 = o->opt.beta2;
+    const float *g = p->grad + off + b * cols;
+    float *m = p->m + off + b * cols, *v = p->v + off + b * cols;
+    for (int64_t d = 0; d < w; d++) {
+      m[d] = b1 * m[d] + (1.0f - b1) * g[d];
+      v[d] = b2 * v[d] + (1.0f - b2) * g[d] * g[d];
+    }
+  }
+  ws->t_decode += seconds_between(&clock);
+}
+
+/* Splits a phase's wall time between the stats' buckets in the proportion
+ * the threads spent in them. */
+static void account(const distro_optim *o, int nt, double wall, distro_step_stats *s) {
+  double tr = 0, se = 0, de = 0;
+  for (int th = 0; th < nt; th++) {
+    tr += o->ws_clock[th].transform;
+    se += o->ws_clock[th].select;
+    de += o->ws_clock[th].decode;
+  }
+  const double all = tr + se + de;
+  if (all <= 0) return;
+  s->seconds_transform += wall * tr / all;
+  s->seconds_topk += wall * se / all;
+  s->seconds_decode += wall * de / all;
+}
+
 distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s) {
   distro_status st = DISTRO_OK;
   const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN;
+  /* The caller's thread count, capped at the workspaces we have. */
+  const int nt = o->nws < omp_get_max_threads() ? o->nws : omp_get_max_threads();
+  const int64_t ntiles = o->tile_base[o->nparams];
+  /* The sign variant folds lr into the momentum (the reference's choice);
+   * DisTrO-AdamW accumulates its normalized gradient. */
+  const float scale = sign_update ? lr : 1.0f;
 
-  /* 1. Compress locally into staged state, or announce that we cannot. */
-  int bad = -1;
-  for (int i = 0; i < o->nparams && bad < 0; i++)
-    /* The sign variant folds lr into the momentum; DisTrO-AdamW accumulates raw gradients. */
-    if (!compress_tensor(o, &o->params[i], sign_update ? lr : 1.0f, s)) bad = i;
+  /* 1. Compress every tile into the staged momentum. */
+  int64_t bad_tile = INT64_MAX;
+  memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
   double t0 = distro__now();
+#pragma omp parallel num_threads(nt) reduction(min : bad_tile)
+  {
+    const int th = omp_get_thread_num();
+    tile_ws ws = workspace(o, th);
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t g = 0; g < ntiles; g++) {
+      int64_t c;
+      const int i = tile_tensor(o, g, &c);
+      if (!compress_tile(o, i, c, scale, &o->tile_sums[g], &ws) && g < bad_tile) bad_tile = g;
+    }
+    o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
+  }
+  account(o, nt, distro__now() - t0, s);
+  int bad = -1;
+  if (bad_tile != INT64_MAX) {
+    int64_t c;
+    bad = tile_tensor(o, bad_tile, &c);
+  } else if (!sign_update) {
+    /* Each tensor's step scale: its tiles' sums in order. */
+    for (int i = 0; i < o->nparams; i++) {
+      double sum = 0;
+      for (int64_t g = o->tile_base[i]; g < o->tile_base[i + 1]; g++) sum += o->tile_sums[g];
+      o->scales[i] = (float)sqrt(sum / (double)o->params[i].numel);
+    }
+  }
+  t0 = distro__now();
   size_t size = distro__payload_encode(o, bad);
   s->seconds_topk += distro__now() - t0;
   s->seconds_codec += distro__now() - t0;
   if (size == 0) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
 
-  /* 2-3. Exchange, then validate and decode everything before applying. */
+  /* 2. Exchange, then validate and decode everything before applying. */
   DISTRO_CHECK(distro__payload_exchange(o, size, s));
 
-  /* 4. Commit: the staged momentum becomes current, and every rank applies
-   * the same aggregate. */
+  /* 3. Commit: the staged momentum becomes current, and every rank applies
+   * the same aggregate. DisTrO-AdamW rescales Q to the RMS of the step
+   * AdamW would take (p -= lr (rho / RMS(Q)) Q, rho the mean over the ranks
+   * of that RMS on each rank's own data); RMS(Q) comes from the aggregated
+   * coefficients (the transform is orthonormal), tile by tile, before any
+   * parameter moves. */
   for (int i = 0; i < o->nparams; i++) {
-    distro__param *p = &o->params[i];
-    float *tmp = p->mom;
-    p->mom = p->mom_next;
-    p->mom_next = tmp;
-    double ta = distro__now();
-    aggregate_tensor(o, i, o->scratch_a, o->counts);
-    double tb = distro__now();
-    distro__dct_decode_tiles(&p->plan, o->scratch_a, o->scratch_b, o->scratch_c);
-    double tc = distro__now();
-    const float *q = o->scratch_b;
-    float *w = p->param;
-    const int64_t n = p->numel;
-    if (sign_update) {
-      const float shrink = 1.0f - lr * o->opt.weight_decay;
-#pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < n; j++) w[j] = w[j] * shrink - lr * signf(q[j]);
-    } else {
-      distro__adamw_update(w, p->m, p->v, q, n, 1.0f, &o->opt, lr, o->step + 1);
-    }
-    s->seconds_decode += (tb - ta) + (distro__now() - tc);
-    s->seconds_transform += tc - tb;
+    float *tmp = o->params[i].mom;
+    o->params[i].mom = o->params[i].mom_next;
+    o->params[i].mom_next = tmp;
   }
+  t0 = distro__now();
+  if (!sign_update) {
+#pragma omp parallel num_threads(nt)
+    {
+      tile_ws ws = workspace(o, omp_get_thread_num());
+#pragma omp for schedule(dynamic, 16)
+      for (int64_t g = 0; g < ntiles; g++) {
+        int64_t c;
+        const int i = tile_tensor(o, g, &c);
+        aggregate_tile(o, i, c, ws.a, ws.cnt);
+        o->tile_sums[g] = tile_sum_squares(ws.a, o->tilings[i].w, o->tilings[i].h, o->tilings[i].w);
+      }
+    }
+    for (int i = 0; i < o->nparams; i++) {
+      double sum = 0;
+      for (int64_t g = o->tile_base[i]; g < o->tile_base[i + 1]; g++) sum += o->tile_sums[g];
+      const float rms = (float)sqrt(sum / (double)o->params[i].numel);
+      o->amps[i] = rms > 0.0f ? lr * (distro__mean_scale(o, i) / rms) : 0.0f;
+    }
+  }
+  s->seconds_decode += distro__now() - t0;
+  memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
+  t0 = distro__now();
+#pragma omp parallel num_threads(nt)
+  {
+    const int th = omp_get_thread_num();
+    tile_ws ws = workspace(o, th);
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t g = 0; g < ntiles; g++) {
+      int64_t c;
+      const int i = tile_tensor(o, g, &c);
+      apply_tile(o, i, c, lr, sign_update ? 0.0f : o->amps[i], &ws);
+    }
+    o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
+  }
+  account(o, nt, distro__now() - t0, s);
   return DISTRO_OK;
 fail:
   return st;

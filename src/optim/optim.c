@@ -1,6 +1,8 @@
 /* Optimizer lifecycle: create, register tensors, allocate, agree on the
  * tensor list across ranks, and dispatch the step. */
 #include <math.h>
+#include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,17 +35,36 @@ distro_status distro_optim_create(const distro_options *opt, distro_comm *comm, 
   return DISTRO_OK;
 }
 
+/* [a, a + an) and [b, b + bn) floats overlap (addresses compared as integers:
+ * the buffers are unrelated objects). */
+static int ranges_overlap(const float *a, int64_t an, const float *b, int64_t bn) {
+  uintptr_t a0 = (uintptr_t)a, a1 = a0 + (uintptr_t)an * sizeof(float);
+  uintptr_t b0 = (uintptr_t)b, b1 = b0 + (uintptr_t)bn * sizeof(float);
+  return a0 < b1 && b0 < a1;
+}
+
+/* Name of a registered tensor whose gradient buffer overlaps [g, g + n). */
+static const char *grad_overlap(const distro_optim *o, const float *g, int64_t n, int skip) {
+  for (int i = 0; i < o->nparams; i++)
+    if (i != skip && o->params[i].grad && ranges_overlap(g, n, o->params[i].grad, o->params[i].numel))
+      return o->params[i].name;
+  return NULL;
+}
+
 distro_status distro_optim_add_param(distro_optim *o, const char *name, float *param, const float *grad, int ndim,
                                      const int64_t *shape) {
   distro_status st = DISTRO_OK;
   char *copy = NULL;
-  if (!o || !name || !param || !grad || !shape)
-    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: NULL argument");
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: the optimizer is NULL");
+  if (!name) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: name is NULL");
+  if (!param) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%.64s'): param is NULL", name);
+  if (!shape) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%.64s'): shape is NULL", name);
   if (o->ready)
-    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): tensors are frozen after the first step or load",
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%.64s'): tensors are frozen after the first step or load",
                         name);
   if (!*name || strlen(name) > 255)
-    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: name must have 1..255 characters");
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param: name must have 1..255 characters (got %zu)",
+                        strlen(name));
   if (ndim < 1 || ndim > DISTRO__MAX_NDIM)
     return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): ndim %d not in [1, %d]", name, ndim,
                         DISTRO__MAX_NDIM);
@@ -55,6 +76,18 @@ distro_status distro_optim_add_param(distro_optim *o, const char *name, float *p
   int64_t topk = o->opt.algorithm == DISTRO_ALG_DEMO ? o->opt.topk : 1;
   st = distro__tiling_init(&t, ndim, shape, target, topk);
   if (st != DISTRO_OK) return distro__fail(st, "distro_optim_add_param('%s'): %s", name, distro_last_error());
+  const int64_t numel = t.rows * t.cols;
+  if (numel > (int64_t)(SIZE_MAX / 4 / sizeof(float)))
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): %lld elements do not fit in memory", name,
+                        (long long)numel);
+  for (int i = 0; i < o->nparams; i++)
+    if (ranges_overlap(param, numel, o->params[i].param, o->params[i].numel))
+      return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): param overlaps the param buffer of '%s'",
+                          name, o->params[i].name);
+  const char *other = grad ? grad_overlap(o, grad, numel, -1) : NULL;
+  if (other)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_add_param('%s'): grad overlaps the grad buffer of '%s'", name,
+                        other);
   if (o->nparams == o->cap) {
     int cap = o->cap ? 2 * o->cap : 16;
     distro__param *p = realloc(o->params, sizeof *p * (size_t)cap);
@@ -71,9 +104,26 @@ distro_status distro_optim_add_param(distro_optim *o, const char *name, float *p
   p->grad = grad;
   p->ndim = ndim;
   memcpy(p->shape, shape, sizeof(int64_t) * (size_t)ndim);
-  p->numel = t.rows * t.cols;
+  p->numel = numel;
   p->tiling = t;
   return DISTRO_OK;
+}
+
+distro_status distro_optim_set_grad(distro_optim *o, const char *name, const float *grad) {
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad: the optimizer is NULL");
+  if (!name) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad: name is NULL");
+  if (!grad) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad('%.64s'): grad is NULL", name);
+  for (int i = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    if (strcmp(p->name, name)) continue;
+    const char *other = grad_overlap(o, grad, p->numel, i);
+    if (other)
+      return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad('%s'): grad overlaps the grad buffer of '%s'",
+                          name, other);
+    p->grad = grad;
+    return DISTRO_OK;
+  }
+  return distro__fail(DISTRO_ERR_INVALID, "distro_optim_set_grad: no tensor named '%.64s' is registered", name);
 }
 
 static void free_state(distro_optim *o) {
@@ -91,14 +141,18 @@ static void free_state(distro_optim *o) {
   }
   distro__payload_destroy(o);
   free(o->tilings);
-  free(o->scratch_a);
-  free(o->scratch_b);
-  free(o->scratch_c);
-  free(o->counts);
+  free(o->tile_base);
+  free(o->tile_sums);
+  free(o->amps);
+  free(o->ws);
+  free(o->ws_clock);
   free(o->flat);
   o->tilings = NULL;
-  o->scratch_a = o->scratch_b = o->scratch_c = o->flat = NULL;
-  o->counts = NULL;
+  o->tile_base = NULL;
+  o->tile_sums = NULL;
+  o->amps = o->flat = NULL;
+  o->ws = NULL;
+  o->ws_clock = NULL;
 }
 
 void distro_optim_free(distro_optim *o) {
@@ -137,18 +191,32 @@ distro_status distro__optim_prepare(distro_optim *o) {
       p->val = malloc(sizeof(float) * (size_t)sel);
       if (!p->mom || !p->mom_next || !p->idx || !p->val)
         DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the momentum of '%s'", p->name);
-      DISTRO_CHECK(distro__dct_plan_init(&p->plan, &p->tiling, DISTRO__DCT_GEMM));
+      DISTRO_CHECK(distro__dct_plan_init(&p->plan, &p->tiling, DISTRO__DCT_FAST));
     }
   }
   if (demo) {
     DISTRO_CHECK(distro__payload_prepare(o));
-    o->scratch_a = zalloc_floats(o->max_numel);
-    o->scratch_b = zalloc_floats(o->max_numel);
-    o->scratch_c = zalloc_floats(o->max_numel);
-    o->counts = calloc((size_t)o->max_numel, sizeof(uint16_t));
-    if (!o->scratch_a || !o->scratch_b || !o->scratch_c || !o->counts)
-      DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload buffers");
-  } else {
+    /* The step's tile loops: every tensor's tiles in one global order, and
+     * per thread one workspace for the largest tile (nothing is allocated
+     * during a step). */
+    o->tile_base = malloc(sizeof(int64_t) * (size_t)(o->nparams + 1));
+    o->amps = calloc((size_t)o->nparams, sizeof(float));
+    if (!o->tile_base || !o->amps) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+    o->tile_base[0] = 0;
+    o->ws_tile = 1;
+    for (int i = 0; i < o->nparams; i++) {
+      o->tile_base[i + 1] = o->tile_base[i] + o->tilings[i].nchunks;
+      if (o->tilings[i].chunk_elems > o->ws_tile) o->ws_tile = o->tilings[i].chunk_elems;
+    }
+    o->tile_sums = calloc((size_t)o->tile_base[o->nparams], sizeof(double));
+    o->nws = o->opt.threads > 0 ? o->opt.threads : omp_get_max_threads();
+    o->ws_bytes = distro__demo_ws_bytes(o->ws_tile);
+    o->ws = aligned_alloc(64, o->ws_bytes * (size_t)o->nws);
+    o->ws_clock = calloc((size_t)o->nws, sizeof *o->ws_clock);
+    if (!o->tile_sums || !o->ws || !o->ws_clock)
+      DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the step's workspaces (%d x %zu bytes)", o->nws, o->ws_bytes);
+    memset(o->ws, 0, o->ws_bytes * (size_t)o->nws); /* the selection counts start (and stay) zero */
+  } else if (o->comm->size > 1) { /* one rank updates straight from its gradients */
     o->flat = zalloc_floats(o->total_numel + 1);
     if (!o->flat) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the all-reduce buffer");
   }
@@ -254,6 +322,13 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
   /* Allocation is local, so a failure on one rank must still reach the
    * others: it travels in the signature round of the first step. */
   st = distro__optim_prepare(o);
+  if (st == DISTRO_OK && !o->verified)
+    for (int i = 0; i < o->nparams; i++)
+      if (!o->params[i].grad) {
+        st = distro__fail(DISTRO_ERR_INVALID, "tensor '%s' has no gradient buffer yet (distro_optim_set_grad)",
+                          o->params[i].name);
+        break;
+      }
   if (!o->verified) {
     char why[512] = "";
     if (st != DISTRO_OK) snprintf(why, sizeof why, "%s", distro_last_error());
@@ -263,7 +338,12 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
   } else if (st != DISTRO_OK) {
     return st;
   }
+  /* With options.threads, the step's parallel regions use that many threads;
+   * the caller's setting comes back on return. */
+  const int caller_threads = omp_get_max_threads();
+  if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
   st = o->opt.algorithm == DISTRO_ALG_DEMO ? distro__demo_step(o, lr, &s) : distro__adamw_step(o, lr, &s);
+  if (o->opt.threads > 0) omp_set_num_threads(caller_threads);
   if (st != DISTRO_OK) return st;
   o->step++;
   s.step = o->step;
@@ -300,7 +380,7 @@ distro_status distro_payload_bytes(const distro_options *opt, int n, const int *
     distro__wire2_tensor *w2 = calloc((size_t)n, sizeof *w2);
     if (!w2) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) w2[i].t = t[i];
-    *bytes = distro__wire2_bound(w2, n, opt->values);
+    *bytes = distro__wire2_bound(w2, n, opt->values, opt->update == DISTRO_UPDATE_ADAMW);
     free(w2);
   }
 fail:

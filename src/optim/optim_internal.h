@@ -6,12 +6,18 @@
 #include <distro/optim.h>
 
 #include "common/atomic_file.h"
+#include "common/blocksum.h"
 #include "compress/chunk.h"
 #include "compress/dct.h"
 #include "compress/wire.h"
 #include "compress/wire2.h"
 
 #define DISTRO__MAX_NDIM 8
+
+
+typedef struct {
+  double transform, select, decode;
+} distro__tile_clock;
 
 typedef struct distro__param {
   char *name;
@@ -23,7 +29,7 @@ typedef struct distro__param {
   distro__tiling tiling;
   distro__dct_plan plan;
   float *mom, *mom_next; /* DeMo momentum in the DCT domain; next is staged until commit */
-  float *m, *v;          /* AdamW moments */
+  float *m, *v;          /* AdamW moments (DisTrO-AdamW: of this rank's own gradient) */
   uint32_t *idx;         /* this step's selection (DeMo) */
   float *val;
 } distro__param;
@@ -53,8 +59,17 @@ struct distro_optim {
   uint32_t **idx_ptrs;            /* per tensor, for the codec API */
   float **val_ptrs;
   uint8_t *dropped;               /* per rank: payload skipped this step */
-  float *scratch_a, *scratch_b, *scratch_c; /* max_numel each */
-  uint16_t *counts;                        /* max_numel: selections per coefficient */
+  float *scales;                  /* DisTrO-AdamW: this rank's step scale per tensor */
+  float *dec_scales;              /* world x nparams: every rank's, decoded */
+  /* The tile loops of the DeMo step (demo.c): */
+  int64_t *tile_base;             /* nparams + 1: each tensor's first tile in the global order */
+  double *tile_sums;              /* per tile: DisTrO-AdamW's sums of squares */
+  float *amps;                    /* per tensor: DisTrO-AdamW's step factor */
+  int nws;                        /* threads the step may use: one workspace each */
+  int64_t ws_tile;                /* elements of the largest tile */
+  size_t ws_bytes;                /* bytes of one workspace */
+  uint8_t *ws;                    /* nws workspaces */
+  distro__tile_clock *ws_clock;   /* per thread: where a phase's time went */
   float *flat;                  /* AdamW baseline: all gradients + 1 flag */
 };
 
@@ -75,6 +90,9 @@ void distro__adamw_update(float *p, float *m, float *v, const float *q, int64_t 
                           const distro_options *o, float lr, int64_t t);
 
 distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s);
+/* Bytes of one thread's workspace of the DeMo step for tiles of up to
+ * max_tile elements. */
+size_t distro__demo_ws_bytes(int64_t max_tile);
 
 /* Payload handling of the DeMo step (payload.c). */
 distro_status distro__payload_prepare(distro_optim *o);
@@ -86,6 +104,10 @@ size_t distro__payload_encode(distro_optim *o, int bad_tensor);
  * dec_val; applies the robust-aggregation options. Changes no state but
  * the receive buffers. */
 distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step_stats *s);
+/* DisTrO-AdamW: the mean of the ranks' step scales for tensor i (decoded
+ * this step; dropped ranks left out), summed in rank order. */
+float distro__mean_scale(const distro_optim *o, int i);
+
 /* Clip each peer's values per tensor to a multiple of the median norm. */
 int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple);
 distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s);

@@ -18,7 +18,9 @@ distro_status distro__payload_prepare(distro_optim *o) {
   o->val_ptrs = malloc(sizeof(float *) * (size_t)n);
   o->sizes = calloc((size_t)world, sizeof(size_t));
   o->dropped = calloc((size_t)world, 1);
-  if (!o->sel_off || !o->idx_ptrs || !o->val_ptrs || !o->sizes || !o->dropped)
+  o->scales = calloc((size_t)n, sizeof(float));
+  o->dec_scales = calloc((size_t)n * (size_t)world, sizeof(float));
+  if (!o->sel_off || !o->idx_ptrs || !o->val_ptrs || !o->sizes || !o->dropped || !o->scales || !o->dec_scales)
     DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload bookkeeping");
   o->total_sel = 0;
   for (int i = 0; i < n; i++) {
@@ -44,7 +46,7 @@ distro_status distro__payload_prepare(distro_optim *o) {
       }
       o->w2[i].et = o->etabs[e].c ? &o->etabs[e] : NULL;
     }
-    o->slot = distro__wire2_bound(o->w2, n, o->opt.values);
+    o->slot = distro__wire2_bound(o->w2, n, o->opt.values, o->opt.update == DISTRO_UPDATE_ADAMW);
   }
   o->send = malloc(o->slot);
   o->recv = malloc(o->slot * (size_t)world);
@@ -68,6 +70,9 @@ void distro__payload_destroy(distro_optim *o) {
   free(o->val_ptrs);
   free(o->sizes);
   free(o->dropped);
+  free(o->scales);
+  free(o->dec_scales);
+  o->scales = o->dec_scales = NULL;
   free(o->send);
   free(o->recv);
   free(o->dec_idx);
@@ -110,7 +115,7 @@ size_t distro__payload_encode(distro_optim *o, int bad_tensor) {
     o->val_ptrs[i] = o->params[i].val;
   }
   return distro__wire2_encode(o->send, o->slot, o->w2, o->nparams, o->opt.values, rank, step, o->idx_ptrs,
-                              o->val_ptrs);
+                              o->val_ptrs, o->opt.update == DISTRO_UPDATE_ADAMW ? o->scales : NULL);
 }
 
 /* Validates and decodes rank r's payload into its rows of dec_idx/dec_val. */
@@ -141,7 +146,8 @@ static distro_status decode_one(distro_optim *o, int r, int *aborted, uint32_t *
       o->val_ptrs[i] = rv + o->sel_off[i];
     }
     st = distro__wire2_decode(buf, size, o->w2, o->nparams, o->opt.values, r, aborted, why, tensor, o->idx_ptrs,
-                              o->val_ptrs);
+                              o->val_ptrs,
+                              o->opt.update == DISTRO_UPDATE_ADAMW ? o->dec_scales + (size_t)r * (size_t)o->nparams : NULL);
     if (st != DISTRO_OK || *aborted) return st;
   }
   uint32_t sender;
@@ -152,6 +158,17 @@ static distro_status decode_one(distro_optim *o, int r, int *aborted, uint32_t *
                         "payload from rank %d: stamped rank %u step %llu, expected step %lld (ranks out of step?)", r,
                         sender, (unsigned long long)step, (long long)o->step);
   return DISTRO_OK;
+}
+
+float distro__mean_scale(const distro_optim *o, int i) {
+  float sum = 0.0f;
+  int live = 0;
+  for (int r = 0; r < o->comm->size; r++)
+    if (!o->dropped[r]) {
+      sum += o->dec_scales[(size_t)r * (size_t)o->nparams + (size_t)i];
+      live++;
+    }
+  return live ? sum / (float)live : 0.0f;
 }
 
 int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple) {
@@ -271,6 +288,11 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
       for (int r = 0; r < world; r++) vals[r] = o->dec_val + (size_t)r * (size_t)o->total_sel + o->sel_off[i];
       int c = distro__robust_clip(vals, o->dropped, world, o->tilings[i].nchunks * o->tilings[i].k,
                                   o->opt.clip_median_multiple);
+      clipped = c < 0 ? -1 : clipped + c;
+      if (o->opt.update != DISTRO_UPDATE_ADAMW || clipped < 0) continue;
+      /* DisTrO-AdamW's step scales, clipped the same way (as 1-element vectors). */
+      for (int r = 0; r < world; r++) vals[r] = o->dec_scales + (size_t)r * (size_t)o->nparams + (size_t)i;
+      c = distro__robust_clip(vals, o->dropped, world, 1, o->opt.clip_median_multiple);
       clipped = c < 0 ? -1 : clipped + c;
     }
     free(vals);

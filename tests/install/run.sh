@@ -39,6 +39,14 @@ echo "libs:   $libs"
 "$cc" -std=c11 -Wall -Wextra -Werror -o "$work/consumer_pc" "$here/consumer.c" $cflags $libs -lm
 LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$work/consumer_pc"
 
+if echo "$cflags" | grep -q -- '-DDISTRO_WITH_MPI=1'; then
+  step "pkg-config (shared), a trainer that calls MPI itself"
+  # shellcheck disable=SC2086
+  "$cc" -std=c11 -Wall -Wextra -Werror -o "$work/consumer_mpi" "$here/consumer_mpi.c" $cflags $libs
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$work/consumer_mpi"
+fi
+
 step "pkg-config --static (libdistro.a)"
 static_libs=$(pkg-config --static --libs distro)
 echo "libs:   $static_libs"

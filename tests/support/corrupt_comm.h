@@ -3,17 +3,24 @@
  * payload damaged in transit. With corrupt_self 0 the corrupt rank's own
  * copy stays intact (damage on the other links only). Exchanges under 200
  * bytes (the first step's signature round, the drop agreement) pass
- * untouched. Header-only: the test files that use it include it once. */
+ * untouched. With forge_scale > 0 it instead rewrites the first tensor's
+ * DisTrO-AdamW step scale in corrupt_rank's wire v2 payload (ntensors
+ * tensors) and reseals its CRC: a valid payload with a forged scale.
+ * Header-only: the test files that use it include it once. */
 #ifndef DISTRO_TESTS_CORRUPT_COMM_H
 #define DISTRO_TESTS_CORRUPT_COMM_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "comm/comm_internal.h"
+#include "common/crc32c.h"
 
 typedef struct {
   distro_comm *inner;
   int corrupt_rank, corrupt_self, armed;
+  float forge_scale;
+  int ntensors;
 } tu_corrupting;
 
 static int tu_corrupt_hits(const tu_corrupting *k, int self) {
@@ -30,8 +37,18 @@ static distro_status tu_corrupt_allgatherv(distro_comm *c, const void *send, siz
                                            size_t *sizes) {
   tu_corrupting *k = c->impl;
   distro_status st = k->inner->ops->allgatherv(k->inner, send, bytes, recv, slot, sizes);
-  if (st == DISTRO_OK && tu_corrupt_hits(k, c->rank))
-    ((uint8_t *)recv)[(size_t)k->corrupt_rank * slot + sizes[k->corrupt_rank] / 2] ^= 0x10;
+  if (st != DISTRO_OK || !tu_corrupt_hits(k, c->rank)) return st;
+  uint8_t *b = (uint8_t *)recv + (size_t)k->corrupt_rank * slot;
+  const size_t n = sizes[k->corrupt_rank], at = 40 + 40 * (size_t)k->ntensors;
+  if (k->forge_scale > 0 && n > at + 8 && (b[7] & 2u)) {
+    uint32_t bits;
+    memcpy(&bits, &k->forge_scale, 4);
+    for (int i = 0; i < 4; i++) b[at + (size_t)i] = (uint8_t)(bits >> (8 * i));
+    const uint32_t crc = distro__crc32c(b, n - 4);
+    for (int i = 0; i < 4; i++) b[n - 4 + (size_t)i] = (uint8_t)(crc >> (8 * i));
+  } else if (k->forge_scale <= 0) {
+    b[n / 2] ^= 0x10;
+  }
   return st;
 }
 static distro_status tu_corrupt_allreduce(distro_comm *c, float *b, size_t n) {

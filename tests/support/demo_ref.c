@@ -17,7 +17,12 @@ typedef struct {
   int h, w, k;
   double *fh, *fw;      /* DCT bases, F[i*n + k] */
   double *delta;        /* world * n momenta */
-  double *m1, *m2;      /* AdamW moments */
+  double *m1, *m2;      /* AdamW moments: of the mean gradient (baseline), or
+                           world x n, each rank's own (DisTrO-AdamW) */
+  double rho;           /* DisTrO-AdamW: mean over ranks of the RMS of the
+                           step AdamW would take on each rank's data */
+  double qrms;          /* RMS of the last Q */
+  double qtaint;        /* share of the last Q's sum of squares in tainted tiles */
   double *q;            /* last Q */
   double *eq;           /* error bound of the last Q */
   double *eh;           /* max of eq over all steps (for the moments) */
@@ -32,7 +37,7 @@ struct dr_model {
   double lr;
   long tainted_tiles, selections;
   /* scratch, sized for the largest tile */
-  double *x, *c, *tmp, *sel, *sum, *dev;
+  double *x, *c, *tmp, *sel, *sum, *dev, *abs;
   int *cnt;
   struct dr_mag { double mag; int idx; } *mags;
 };
@@ -77,7 +82,7 @@ void dr_free(dr_model *m) {
   if (!m) return;
   for (int i = 0; i < m->nt; i++) free_tensor(&m->t[i]);
   free(m->t); free(m->x); free(m->c); free(m->tmp); free(m->sel); free(m->sum);
-  free(m->dev); free(m->cnt); free(m->mags);
+  free(m->dev); free(m->abs); free(m->cnt); free(m->mags);
   free(m);
 }
 
@@ -112,8 +117,8 @@ dr_model *dr_create(const dr_config *cfg, int world, int ntensors, const int *nd
     t->fh = malloc(sizeof(double) * (size_t)t->h * t->h);
     t->fw = malloc(sizeof(double) * (size_t)t->w * t->w);
     t->delta = calloc(n * (size_t)world, sizeof(double));
-    t->m1 = calloc(n, sizeof(double));
-    t->m2 = calloc(n, sizeof(double));
+    t->m1 = calloc(n * (size_t)world, sizeof(double));
+    t->m2 = calloc(n * (size_t)world, sizeof(double));
     t->q = calloc(n, sizeof(double));
     t->eq = calloc(n, sizeof(double));
     t->eh = calloc(n, sizeof(double));
@@ -131,9 +136,10 @@ dr_model *dr_create(const dr_config *cfg, int world, int ntensors, const int *nd
   m->sel = malloc(sizeof(double) * maxtile);
   m->sum = malloc(sizeof(double) * maxtile);
   m->dev = malloc(sizeof(double) * maxtile);
+  m->abs = malloc(sizeof(double) * maxtile);
   m->cnt = malloc(sizeof(int) * maxtile);
   m->mags = malloc(sizeof *m->mags * maxtile);
-  if (!m->x || !m->c || !m->tmp || !m->sel || !m->sum || !m->dev || !m->cnt || !m->mags) {
+  if (!m->x || !m->c || !m->tmp || !m->sel || !m->sum || !m->dev || !m->abs || !m->cnt || !m->mags) {
     dr_free(m);
     return NULL;
   }
@@ -222,15 +228,32 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
   const dr_config *cfg = &m->cfg;
   int hw = t->h * t->w;
   size_t n = (size_t)t->n;
-  double scale = cfg->update == DISTRO_UPDATE_SIGN ? lr : 1.0;
-  /* momentum */
+  /* Momentum. Sign update: delta accumulates lr * g. DisTrO-AdamW: each
+   * rank updates its own Adam moments from its gradient, delta accumulates
+   * g / (sqrt(vhat) + eps), and the update's amplitude is the mean over
+   * ranks of the RMS of mhat / (sqrt(vhat) + eps). */
+  const int adam = cfg->update == DISTRO_UPDATE_ADAMW;
+  const double bc1 = 1 - pow(cfg->beta1, (double)m->step), bc2 = 1 - pow(cfg->beta2, (double)m->step);
+  t->rho = 0;
   for (int r = 0; r < m->world; r++) {
-    double *dl = t->delta + (size_t)r * n;
+    double *dl = t->delta + (size_t)r * n, *m1 = t->m1 + (size_t)r * n, *m2 = t->m2 + (size_t)r * n;
     const float *g = grads[(size_t)r * m->nt + ti_index];
-    for (size_t e = 0; e < n; e++) dl[e] = cfg->decay * dl[e] + scale * (double)g[e];
+    double ss = 0;
+    for (size_t e = 0; e < n; e++) {
+      double x = lr * (double)g[e];
+      if (adam) {
+        m1[e] = cfg->beta1 * m1[e] + (1 - cfg->beta1) * g[e];
+        m2[e] = cfg->beta2 * m2[e] + (1 - cfg->beta2) * (double)g[e] * g[e];
+        double den = sqrt(m2[e] / bc2) + cfg->eps, st = m1[e] / bc1 / den;
+        x = g[e] / den;
+        ss += st * st;
+      }
+      dl[e] = cfg->decay * dl[e] + x;
+    }
+    t->rho += sqrt(ss / (double)n) / m->world;
   }
   for (int64_t ti = 0; ti < t->tiles; ti++) {
-    for (int b = 0; b < hw; b++) { m->sum[b] = 0; m->dev[b] = 0; m->cnt[b] = 0; }
+    for (int b = 0; b < hw; b++) { m->sum[b] = 0; m->dev[b] = 0; m->abs[b] = 0; m->cnt[b] = 0; }
     for (int r = 0; r < m->world; r++) {
       double *dl = t->delta + (size_t)r * n;
       for (int i = 0; i < t->h; i++)
@@ -251,6 +274,7 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
         double c = m->c[b];
         m->sel[b] = c;
         m->sum[b] += quantize(cfg->values, c);
+        m->abs[b] += fabs(quantize(cfg->values, c));
         m->cnt[b] += 1;
         m->dev[b] += quant_dev(cfg->values, c, e);
       }
@@ -258,8 +282,10 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
       for (int i = 0; i < t->h; i++)
         for (int j = 0; j < t->w; j++) dl[tile_off(t, ti, i, j)] -= m->x[i * t->w + j];
     }
-    /* mean over the ranks that selected each coefficient */
-    double amb = 0;
+    /* mean over the ranks that selected each coefficient. Float32 rounding
+     * of the contributions (1e-5 of their magnitudes, which may cancel)
+     * reaches every element of the tile through basis values <= 2/sqrt(hw). */
+    double amb = 0, contrib = 0;
     for (int b = 0; b < hw; b++) {
       if (m->cnt[b]) {
         m->sel[b] = m->sum[b] / m->cnt[b];
@@ -267,6 +293,7 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
         double mh = fb == 0 ? sqrt(1.0 / t->h) : sqrt(2.0 / t->h);
         double mw = fd == 0 ? sqrt(1.0 / t->w) : sqrt(2.0 / t->w);
         amb += m->dev[b] / m->cnt[b] * mh * mw;
+        contrib += m->abs[b] / m->cnt[b];
       } else {
         m->sel[b] = 0;
       }
@@ -276,7 +303,7 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
       for (int j = 0; j < t->w; j++) {
         int64_t o = tile_off(t, ti, i, j);
         t->q[o] = m->x[i * t->w + j];
-        t->eq[o] = amb;
+        t->eq[o] = amb + DR_Q_REL * contrib * 2.0 / sqrt((double)hw);
       }
   }
 }
@@ -298,13 +325,19 @@ void dr_step(dr_model *m, double lr, const float *const *grads) {
         t->eq[e] = 0;
       }
     }
-    double qmax = 0;
-    for (size_t e = 0; e < n; e++) qmax = fmax(qmax, fabs(t->q[e]));
+    double qmax = 0, qss = 0, qst = 0;
+    for (size_t e = 0; e < n; e++) {
+      qmax = fmax(qmax, fabs(t->q[e]));
+      qss += t->q[e] * t->q[e];
+      if (cfg->algorithm == DISTRO_ALG_DEMO && t->taint[elem_tile(t, (int64_t)e)]) qst += t->q[e] * t->q[e];
+    }
+    t->qrms = sqrt(qss / (double)n);
+    t->qtaint = qss > 0 ? qst / qss : 0.0;
     for (size_t e = 0; e < n; e++) {
       t->eq[e] += DR_Q_REL * qmax;
       t->eh[e] = fmax(t->eh[e], t->eq[e]);
     }
-    if (cfg->algorithm == DISTRO_ALG_ADAMW || cfg->update == DISTRO_UPDATE_ADAMW) {
+    if (cfg->algorithm == DISTRO_ALG_ADAMW) {
       for (size_t e = 0; e < n; e++) {
         double q = t->q[e];
         t->m1[e] = cfg->beta1 * t->m1[e] + (1 - cfg->beta1) * q;
@@ -318,7 +351,14 @@ void dr_compare(const dr_model *m, int ti, const float *p0, const float *p1, dr_
   const dr_config *cfg = &m->cfg;
   const dr_tensor *t = &m->t[ti];
   double lr = m->lr;
-  int sign = cfg->algorithm == DISTRO_ALG_DEMO && cfg->update == DISTRO_UPDATE_SIGN;
+  const int sign = cfg->algorithm == DISTRO_ALG_DEMO && cfg->update == DISTRO_UPDATE_SIGN;
+  const int distro_adamw = cfg->algorithm == DISTRO_ALG_DEMO && cfg->update == DISTRO_UPDATE_ADAMW;
+  /* DisTrO-AdamW: p -= lr (rho / RMS(Q)) Q. rho and RMS(Q) are float32 in
+   * the library: allow 1e-4 of the amplitude. RMS(Q) spans every tile, so
+   * tainted tiles (whose selection may differ) shift it too: allow twice
+   * their share of the sum of squares on top (their Q may be anything from
+   * none of it to a few times it). */
+  const double amp = distro_adamw && t->qrms > 0 ? t->rho / t->qrms : 0.0, ramp = 1e-4 + 2.0 * t->qtaint;
   double bc1 = 1 - pow(cfg->beta1, (double)m->step), bc2 = 1 - pow(cfg->beta2, (double)m->step);
   memset(out, 0, sizeof *out);
   out->first = -1;
@@ -331,15 +371,22 @@ void dr_compare(const dr_model *m, int ti, const float *p0, const float *p1, dr_
     double pd = a * (1 - lr * cfg->weight_decay);
     double want, tol;
     int ok;
-    if (sign) {
-      tol = DR_P_REL * (fabs(a) + lr);
+    if (distro_adamw) {
+      const double s = lr * amp;
+      want = pd - s * q;
+      tol = DR_P_REL * (fabs(a) + s * fabs(q)) + s * (t->eq[e] + ramp * fabs(q));
+      out->checked++;
+      ok = fabs(got - want) <= tol;
+    } else if (sign) {
+      const double s = lr;
+      tol = DR_P_REL * (fabs(a) + s);
       if (fabs(q) <= t->eq[e]) { /* sign not determined by float32 */
         out->ambiguous++;
         want = pd;
-        ok = fabs(got - pd) <= tol || fabs(got - (pd - lr)) <= tol || fabs(got - (pd + lr)) <= tol;
+        ok = fabs(got - pd) <= tol || fabs(got - (pd - s)) <= tol || fabs(got - (pd + s)) <= tol;
       } else {
         out->checked++;
-        want = pd - lr * (q > 0 ? 1.0 : -1.0);
+        want = pd - s * (q > 0 ? 1.0 : -1.0);
         ok = fabs(got - want) <= tol;
       }
     } else {
