@@ -241,17 +241,17 @@ static void account(const distro_optim *o, int nt, double wall, distro_step_stat
   s->seconds_decode += wall * de / all;
 }
 
-distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s) {
-  distro_status st = DISTRO_OK;
-  const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN;
-  /* The caller's thread count, capped at the workspaces we have. */
-  const int nt = o->nws < omp_get_max_threads() ? o->nws : omp_get_max_threads();
+/* The caller's thread count, capped at the workspaces we have. */
+static int step_threads(const distro_optim *o) {
+  return o->nws < omp_get_max_threads() ? o->nws : omp_get_max_threads();
+}
+
+size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
+  const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN, nt = step_threads(o);
   const int64_t ntiles = o->tile_base[o->nparams];
   /* The sign variant folds lr into the momentum (the reference's choice);
    * DisTrO-AdamW accumulates its normalized gradient. */
   const float scale = sign_update ? lr : 1.0f;
-
-  /* 1. Compress every tile into the staged momentum. */
   int64_t bad_tile = INT64_MAX;
   memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
   double t0 = distro__now();
@@ -281,26 +281,28 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
     }
   }
   t0 = distro__now();
-  size_t size = distro__payload_encode(o, bad);
+  const size_t size = distro__payload_encode(o, bad);
   s->seconds_topk += distro__now() - t0;
   s->seconds_codec += distro__now() - t0;
-  if (size == 0) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
+  if (size == 0) distro__fail(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
+  return size;
+}
 
-  /* 2. Exchange, then validate and decode everything before applying. */
-  DISTRO_CHECK(distro__payload_exchange(o, size, s));
-
-  /* 3. Commit: the staged momentum becomes current, and every rank applies
-   * the same aggregate. DisTrO-AdamW rescales Q to the RMS of the step
-   * AdamW would take (p -= lr (rho / RMS(Q)) Q, rho the mean over the ranks
-   * of that RMS on each rank's own data); RMS(Q) comes from the aggregated
-   * coefficients (the transform is orthonormal), tile by tile, before any
-   * parameter moves. */
+void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s) {
+  const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN, nt = step_threads(o);
+  const int64_t ntiles = o->tile_base[o->nparams];
+  /* The staged momentum becomes current, and every rank applies the same
+   * aggregate. DisTrO-AdamW rescales Q to the RMS of the step AdamW would
+   * take (p -= lr (rho / RMS(Q)) Q, rho the mean over the ranks of that RMS
+   * on each rank's own data); RMS(Q) comes from the aggregated coefficients
+   * (the transform is orthonormal), tile by tile, before any parameter
+   * moves. */
   for (int i = 0; i < o->nparams; i++) {
     float *tmp = o->params[i].mom;
     o->params[i].mom = o->params[i].mom_next;
     o->params[i].mom_next = tmp;
   }
-  t0 = distro__now();
+  double t0 = distro__now();
   if (!sign_update) {
 #pragma omp parallel num_threads(nt)
     {
@@ -336,6 +338,17 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
   }
   account(o, nt, distro__now() - t0, s);
+}
+
+distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s) {
+  distro_status st = DISTRO_OK;
+  /* 1. Compress every tile into the staged momentum; encode. */
+  const size_t size = distro__demo_compress(o, lr, s);
+  if (size == 0) return DISTRO_ERR_PAYLOAD;
+  /* 2. Exchange, then validate and decode everything before applying. */
+  DISTRO_CHECK(distro__payload_exchange(o, size, s));
+  /* 3. Commit: nothing here can fail. */
+  distro__demo_apply(o, lr, s);
   return DISTRO_OK;
 fail:
   return st;

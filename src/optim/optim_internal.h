@@ -90,6 +90,13 @@ void distro__adamw_update(float *p, float *m, float *v, const float *q, int64_t 
                           const distro_options *o, float lr, int64_t t);
 
 distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s);
+/* The DeMo step's phases (demo.c), for callers that run them apart: compress
+ * every tile into the staged momentum and encode this rank's payload
+ * (returns its size; 0 with the error set on an internal failure); then,
+ * after distro__payload_exchange succeeded, commit the staged momentum and
+ * apply the aggregate (cannot fail). */
+size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s);
+void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s);
 /* Bytes of one thread's workspace of the DeMo step for tiles of up to
  * max_tile elements. */
 size_t distro__demo_ws_bytes(int64_t max_tile);
