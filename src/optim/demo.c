@@ -41,16 +41,18 @@ static tile_ws workspace(const distro_optim *o, int thread) {
   w.a = w.dct + 7 * e;
   w.b = w.a + e;
   w.cand = (uint64_t *)(w.b + e);
-  w.mag = (uint32_t *)(w.cand + e);
+  w.mag = (uint32_t *)(w.cand + e + 8);
   w.cnt = (uint16_t *)(w.mag + e);
   return w;
 }
 
 size_t distro__demo_ws_bytes(int64_t max_tile) {
-  /* 9 float tiles (7 for the DCT), then u64, u32 and u16 per element; every
-   * part stays 8-byte aligned. */
+  /* 9 float tiles (7 for the DCT), then u64 (8 more for the selection's
+   * whole-vector stores), u32 and u16 per element; every part stays 8-byte
+   * aligned. */
   const size_t e = (size_t)max_tile;
-  return (9 * e * sizeof(float) + e * (sizeof(uint64_t) + sizeof(uint32_t) + sizeof(uint16_t)) + 63) / 64 * 64;
+  return (9 * e * sizeof(float) + (e + 8) * sizeof(uint64_t) + e * (sizeof(uint32_t) + sizeof(uint16_t)) + 63) /
+         64 * 64;
 }
 
 /* Tensor of global tile g, and the tile's number inside it. */
