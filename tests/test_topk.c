@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "compress/topk.h"
 #include "testutil.h"
@@ -91,4 +92,32 @@ Test(topk, ties_go_to_lower_index) {
 Test(topk, full_selection_keeps_everything) {
   int64_t a[] = {48, 50};
   check(2, a, 64, 1 << 20, 0);
+}
+
+/* The candidate gather has an AVX-512 path and a portable one; both give
+ * the same keys in the same order, at every threshold and length (also
+ * lengths that are not multiples of the vector width). */
+Test(topk, candidate_gather_paths_agree) {
+  tu_rng rng = {tu_seed()};
+  const int64_t lens[] = {1, 7, 8, 9, 63, 64, 1024, 1031, 4096};
+  for (size_t l = 0; l < sizeof lens / sizeof *lens; l++) {
+    const int64_t n = lens[l];
+    uint32_t *mag = malloc(sizeof(uint32_t) * (size_t)n);
+    uint64_t *a = malloc(sizeof(uint64_t) * (size_t)(n + 8)), *b = malloc(sizeof(uint64_t) * (size_t)(n + 8));
+    for (int64_t i = 0; i < n; i++) mag[i] = (uint32_t)(tu_next(&rng) & 0x7fffffffu);
+    const uint32_t thrs[] = {0, 0x3f800000u, 0x60000000u, 0x7fffffffu, mag[n / 2]};
+    for (size_t t = 0; t < sizeof thrs / sizeof *thrs; t++) {
+      const int64_t na = distro__topk_gather_keys(mag, n, thrs[t], a, 0);
+      const int64_t nb = distro__topk_gather_keys(mag, n, thrs[t], b, 1);
+      int64_t want = 0;
+      for (int64_t i = 0; i < n; i++) want += mag[i] >= thrs[t];
+      cr_assert_eq(na, want, "n %lld thr %#x", (long long)n, thrs[t]);
+      cr_assert_eq(nb, want);
+      cr_assert(memcmp(a, b, sizeof(uint64_t) * (size_t)na) == 0, "n %lld thr %#x: keys differ", (long long)n, thrs[t]);
+      for (int64_t j = 1; j < na; j++) cr_assert_lt(0xffffffffu - (uint32_t)a[j - 1], 0xffffffffu - (uint32_t)a[j]);
+    }
+    free(mag);
+    free(a);
+    free(b);
+  }
 }

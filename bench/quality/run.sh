@@ -13,7 +13,7 @@
 # small: the demo model (4 layers, width 128, 842,496 parameters), 300 steps.
 # large: 5 layers, width 256, 8 heads (4.03 M parameters, 4.8x), 900 steps (3x).
 # Both: 2 ranks x batch 8 x context 128 (DiLoCo: 4 learners x batch 4, the
-# same tokens). --quick runs 30 steps of each, to check the script.
+# same tokens: --batch 4). --quick runs 30 steps of each, to check the script.
 # About 80 minutes on 2 cores for the whole matrix (24 runs).
 set -euo pipefail
 
@@ -62,8 +62,11 @@ for size in "${S[@]}"; do
       k=$((k + 1))
       tag=$size-$opt-s$seed
       start=$(date +%s)
+      # DiLoCo's 4 learners split the baseline's 2 ranks x batch 8: the same tokens.
+      extra=""
+      [ "$opt" = diloco ] && extra="--batch 4"
       # shellcheck disable=SC2086
-      if ! "$gpt" --optim "$opt" --seed "$seed" $flags --print-every 100000 --log "$out/$tag.csv" \
+      if ! "$gpt" --optim "$opt" --seed "$seed" $flags $extra --print-every 100000 --log "$out/$tag.csv" \
              > "$out/$tag.log" 2>&1; then
         echo "[$k/$total] $tag: FAILED (see $out/$tag.log)"; continue
       fi

@@ -43,7 +43,7 @@ typedef struct distro_options {
   distro_algorithm algorithm;
   float lr, beta1, beta2, eps, weight_decay;
   float compression_decay;     /* momentum decay, in [0, 1) */
-  int chunk;                   /* target chunk edge (64) */
+  int chunk;                   /* target chunk edge (32) */
   int topk;                    /* coefficients kept per chunk (32) */
   distro_update update;
   distro_values values;

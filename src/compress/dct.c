@@ -72,13 +72,16 @@ distro_status distro__dct_plan_init(distro__dct_plan *p, const distro__tiling *t
                         (long long)t->w);
   p->fh = malloc(sizeof(float) * (size_t)(t->h * t->h));
   p->fw = malloc(sizeof(float) * (size_t)(t->w * t->w));
-  if (!p->fh || !p->fw) {
+  p->fwt = malloc(sizeof(float) * (size_t)(t->w * t->w));
+  if (!p->fh || !p->fw || !p->fwt) {
     distro__dct_plan_destroy(p);
     return distro__fail(DISTRO_ERR_NOMEM, "DCT basis allocation failed");
   }
   distro__dct_basis(t->h, p->fh);
   distro__dct_basis(t->w, p->fw);
-  if (m == DISTRO__DCT_FAST && (!dct1_init(&p->dh, t->h) || !dct1_init(&p->dw, t->w))) {
+  for (int64_t j = 0; j < t->w; j++)
+    for (int64_t d = 0; d < t->w; d++) p->fwt[d * t->w + j] = p->fw[j * t->w + d];
+  if (m == DISTRO__DCT_FAST && !dct1_init(&p->dh, t->h)) {
     distro__dct_plan_destroy(p);
     return distro__fail(DISTRO_ERR_NOMEM, "DCT table allocation failed");
   }
@@ -105,8 +108,8 @@ void distro__dct_plan_destroy(distro__dct_plan *p) {
   if (!p) return;
   free(p->fh);
   free(p->fw);
+  free(p->fwt);
   dct1_destroy(&p->dh);
-  dct1_destroy(&p->dw);
 #ifdef DISTRO_HAVE_FFTW
   pthread_mutex_lock(&fftw_plan_lock);
   if (p->fftw_fwd) fftwf_destroy_plan(p->fftw_fwd);
@@ -177,22 +180,22 @@ fail:
   return 0;
 }
 
-/* out[k][:] = sum_i a[k][i] in[i][:] for k < K, i < N, rows of out at
- * stride ldo and of in at stride ld. Four output rows and 16 lanes are
+/* out[k][:] = sum_i a[k][i] in[i][:] for k < K, i < N, rows of a, in and
+ * out at strides lda, ld and ldo. Four output rows and 16 lanes are
  * accumulated at once in registers; the sum over i always runs in
  * increasing order. */
 DISTRO__CLONES
-static void lanes_matmul(float *restrict out, int64_t ldo, const float *restrict a, const float *restrict in,
-                         int64_t ld, int64_t K, int64_t N, int64_t L) {
+static void lanes_matmul(float *restrict out, int64_t ldo, const float *restrict a, int64_t lda,
+                         const float *restrict in, int64_t ld, int64_t K, int64_t N, int64_t L) {
   int64_t l0 = 0;
   for (; l0 + 16 <= L; l0 += 16) {
     int64_t k0 = 0;
     for (; k0 + 4 <= K; k0 += 4) {
       float acc[4][16] = {{0}};
-      const float *a0 = a + k0 * N;
+      const float *a0 = a + k0 * lda;
       for (int64_t i = 0; i < N; i++) {
         const float *x = in + i * ld + l0;
-        const float c0 = a0[i], c1 = a0[N + i], c2 = a0[2 * N + i], c3 = a0[3 * N + i];
+        const float c0 = a0[i], c1 = a0[lda + i], c2 = a0[2 * lda + i], c3 = a0[3 * lda + i];
         for (int j = 0; j < 16; j++) {
           acc[0][j] += c0 * x[j];
           acc[1][j] += c1 * x[j];
@@ -206,7 +209,7 @@ static void lanes_matmul(float *restrict out, int64_t ldo, const float *restrict
       float acc[16] = {0};
       for (int64_t i = 0; i < N; i++) {
         const float *x = in + i * ld + l0;
-        const float c = a[k0 * N + i];
+        const float c = a[k0 * lda + i];
         for (int j = 0; j < 16; j++) acc[j] += c * x[j];
       }
       memcpy(out + k0 * ldo + l0, acc, sizeof acc);
@@ -216,7 +219,7 @@ static void lanes_matmul(float *restrict out, int64_t ldo, const float *restrict
     for (int64_t k = 0; k < K; k++)
       for (int64_t l = l0; l < L; l++) {
         float s = 0.0f;
-        for (int64_t i = 0; i < N; i++) s += a[k * N + i] * in[i * ld + l];
+        for (int64_t i = 0; i < N; i++) s += a[k * lda + i] * in[i * ld + l];
         out[k * ldo + l] = s;
       }
 }
@@ -257,14 +260,14 @@ static void lanes_join(float *restrict x, int64_t ld, const float *restrict a, c
 static void dct1_forward(const distro__dct1 *d, int level, int64_t n, const float *x, int64_t ld, float *out,
                          int64_t ldo, int64_t L, float *work) {
   if (level == d->levels) {
-    lanes_matmul(out, ldo, d->cb, x, ld, n, n, L);
+    lanes_matmul(out, ldo, d->cb, n, x, ld, n, n, L);
     return;
   }
   const int64_t m = n / 2;
   float *u = work, *v = work + m * L;
   lanes_split(u, v, x, ld, n, L);
   dct1_forward(d, level + 1, m, u, L, out, 2 * ldo, L, work + n * L);
-  lanes_matmul(out + ldo, 2 * ldo, d->s4[level], v, L, m, m, L);
+  lanes_matmul(out + ldo, 2 * ldo, d->s4[level], m, v, L, m, m, L);
 }
 
 /* x (row stride ld) = inverse DCT of c (n rows of L lanes, row stride ldc).
@@ -272,64 +275,46 @@ static void dct1_forward(const distro__dct1 *d, int level, int64_t n, const floa
 static void dct1_inverse(const distro__dct1 *d, int level, int64_t n, const float *c, int64_t ldc, float *x,
                          int64_t ld, int64_t L, float *work) {
   if (level == d->levels) {
-    lanes_matmul(x, ld, d->cbt, c, ldc, n, n, L);
+    lanes_matmul(x, ld, d->cbt, n, c, ldc, n, n, L);
     return;
   }
   const int64_t m = n / 2;
   float *a = work, *b = work + m * L;
   dct1_inverse(d, level + 1, m, c, 2 * ldc, a, L, L, work + n * L);
-  lanes_matmul(b, L, d->s4[level], c + ldc, 2 * ldc, m, m, L);
+  lanes_matmul(b, L, d->s4[level], m, c + ldc, 2 * ldc, m, m, L);
   lanes_join(x, ld, a, b, n, L);
-}
-
-/* dst (cols x rows, row stride ldd) = transpose of src (rows x cols, stride lds). */
-static void transpose(float *restrict dst, int64_t ldd, const float *restrict src, int64_t lds, int64_t rows,
-                      int64_t cols) {
-  for (int64_t i0 = 0; i0 < rows; i0 += 8)
-    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
-      const int64_t i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
-      for (int64_t i = i0; i < i1; i++)
-        for (int64_t j = j0; j < j1; j++) dst[j * ldd + i] = src[i * lds + j];
-    }
 }
 
 int64_t distro__dct_tile_work(const distro__dct_plan *p) {
   const int64_t e = p->t.h * p->t.w;
-  return 7 * e; /* three tile copies, then the 1-D transforms' work (4 n L) */
+  return 4 * e; /* a tile copy, then the 1-D transform's work (3 n L) */
 }
 
 void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t ldx, float *out, float *work) {
-  const int64_t h = p->t.h, w = p->t.w, e = h * w;
-  float *a = work, *b = work + e, *c = work + 2 * e, *wk = work + 3 * e;
-  /* Width first: the tile transposed (lanes: its h rows), transformed and
-   * transposed back; then the height, in place along the rows (lanes: the w
+  const int64_t h = p->t.h, w = p->t.w;
+  float *b = work, *wk = work + h * w;
+  /* Width first, as a product with the dense basis straight from the tensor
+   * (out[i][d] = sum_j x[i][j] F[j][d], lanes: the w frequencies): no
+   * transposes. Then the height, factored, along the rows (lanes: the w
    * columns), which leaves coefficient (b, d) at out[b*w + d]. */
-  if (w > 1) {
-    transpose(a, h, x, ldx, h, w);
-    dct1_forward(&p->dw, 0, w, a, h, b, h, h, wk);
-    transpose(c, w, b, h, w, h);
-  } else {
-    for (int64_t i = 0; i < h; i++) c[i] = x[i * ldx];
-  }
-  if (h > 1) dct1_forward(&p->dh, 0, h, c, w, out, w, w, wk);
-  else memcpy(out, c, sizeof(float) * (size_t)w);
+  float *rows = h > 1 ? b : out;
+  if (w > 1) lanes_matmul(rows, w, x, ldx, p->fw, w, h, w, w);
+  else
+    for (int64_t i = 0; i < h; i++) rows[i] = x[i * ldx];
+  if (h > 1) dct1_forward(&p->dh, 0, h, b, w, out, w, w, wk);
 }
 
 void distro__dct_tile_inverse(const distro__dct_plan *p, const float *in, float *x, int64_t ldx, float *work) {
-  const int64_t h = p->t.h, w = p->t.w, e = h * w;
-  float *a = work, *b = work + e, *c = work + 2 * e, *wk = work + 3 * e;
+  const int64_t h = p->t.h, w = p->t.w;
+  float *a = work, *wk = work + h * w;
   const float *rows = in;
   if (h > 1) {
     dct1_inverse(&p->dh, 0, h, in, w, a, w, w, wk); /* height: lanes are the w columns */
     rows = a;
   }
-  if (w > 1) {
-    transpose(b, h, rows, w, h, w);
-    dct1_inverse(&p->dw, 0, w, b, h, c, h, h, wk); /* width: lanes are the h rows */
-    transpose(x, ldx, c, h, w, h);
-  } else {
+  if (w > 1) lanes_matmul(x, ldx, rows, w, p->fwt, w, h, w, w); /* x[i][j] = sum_d rows[i][d] F[j][d] */
+  else
     for (int64_t i = 0; i < h; i++) x[i * ldx] = rows[i];
-  }
 }
 
 static void fast_encode(const distro__dct_plan *p, const float *x, float *coef) {

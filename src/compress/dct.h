@@ -36,8 +36,9 @@ typedef struct distro__dct1 {
 typedef struct distro__dct_plan {
   distro__tiling t;
   distro__dct_method method;
-  float *fh, *fw;
-  distro__dct1 dh, dw;       /* FAST: the factored transforms */
+  float *fh, *fw, *fwt;      /* fwt: fw transposed */
+  distro__dct1 dh;           /* FAST: the height's factored transform (the
+                                width is a product with fw / fwt) */
   void *fftw_fwd, *fftw_inv; /* FFTW plans, when method == FFTW */
 } distro__dct_plan;
 

@@ -6,6 +6,8 @@
  * depend on the selection algorithm, only on the input. */
 #include "compress/topk.h"
 
+#include "common/clones.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,28 +67,103 @@ static void sort_indices(uint32_t *idx, int64_t k) {
   }
 }
 
-/* Selects the k largest of one chunk whose magnitude bits are in mag[0..n):
- * a 256-bucket histogram of the exponent finds the bucket holding the k-th
- * largest; everything above it is in, and only that bucket's members go
- * through an exact selection on (magnitude, index) keys. Typically a few
- * dozen candidates instead of the whole chunk. */
-static void select_chunk(const uint32_t *mag, const int32_t *hist, int64_t n, int64_t k, uint64_t *cand,
-                         uint32_t *out) {
-  int64_t above = 0;
-  int t = 255;
-  for (; t > 0; t--) {
-    if (above + hist[t] >= k) break;
-    above += hist[t];
+/* Magnitude bits of the h x w values at x (row stride ld) into mag, and
+ * their maximum. */
+DISTRO__CLONES
+static uint32_t magnitudes(const float *restrict x, int64_t ld, int64_t h, int64_t w, uint32_t *restrict mag) {
+  uint32_t top = 0;
+  for (int64_t b = 0; b < h; b++) {
+    const float *row = x + b * ld;
+    uint32_t *m = mag + b * w;
+    for (int64_t d = 0; d < w; d++) {
+      uint32_t bits;
+      memcpy(&bits, &row[d], sizeof bits);
+      m[d] = bits & 0x7fffffffu;
+      top = m[d] > top ? m[d] : top;
+    }
   }
-  int64_t m = 0, nc = 0;
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t e = mag[i] >> 23;
-    if (e > (uint32_t)t) out[m++] = (uint32_t)i;
-    else if (e == (uint32_t)t) cand[nc++] = ((uint64_t)mag[i] << 32) | (uint64_t)(0xffffffffu - (uint32_t)i);
+  return top;
+}
+
+/* Magnitudes in mag[0..n) at or above thr. */
+DISTRO__CLONES
+static int64_t count_at_least(const uint32_t *restrict mag, int64_t n, uint32_t thr) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; i++) c += mag[i] >= thr;
+  return c;
+}
+
+/* Keys (magnitude, complemented index) of the magnitudes at or above thr,
+ * in index order; returns their count. The candidates are a few percent of
+ * the chunk at random places, so a branch would mispredict: the portable
+ * version writes a key for every element and keeps it by advancing the
+ * count; with AVX-512 eight keys at a time are compressed in a register and
+ * stored whole (a compressing store to memory is microcoded on some CPUs).
+ * Either way the keys and their order are the same. cand has room for n + 8
+ * keys. */
+static int64_t gather_keys_from(const uint32_t *restrict mag, int64_t lo, int64_t n, uint32_t thr,
+                                uint64_t *restrict cand) {
+  int64_t nc = 0;
+  for (int64_t i = lo; i < n; i++) {
+    cand[nc] = ((uint64_t)mag[i] << 32) | (uint64_t)(0xffffffffu - (uint32_t)i);
+    nc += mag[i] >= thr;
   }
-  const int64_t need = k - m;
-  select_largest(cand, nc, need);
-  for (int64_t j = 0; j < need; j++) out[m++] = 0xffffffffu - (uint32_t)(cand[j] & 0xffffffffu);
+  return nc;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static int64_t gather_keys_avx512(const uint32_t *restrict mag, int64_t n,
+                                                                      uint32_t thr, uint64_t *restrict cand) {
+  const __m512i vthr = _mm512_set1_epi64((long long)thr), lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i ones = _mm512_set1_epi64(0xffffffffLL);
+  int64_t nc = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512i m = _mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)(mag + i)));
+    const __mmask8 keep = _mm512_cmpge_epu64_mask(m, vthr);
+    if (!keep) continue;
+    const __m512i idx = _mm512_add_epi64(_mm512_set1_epi64(i), lane);
+    const __m512i key = _mm512_or_si512(_mm512_slli_epi64(m, 32), _mm512_xor_si512(idx, ones));
+    _mm512_storeu_si512((void *)(cand + nc), _mm512_maskz_compress_epi64(keep, key));
+    nc += __builtin_popcount((unsigned)keep);
+  }
+  return nc + gather_keys_from(mag, i, n, thr, cand + nc);
+}
+#endif
+
+int64_t distro__topk_gather_keys(const uint32_t *mag, int64_t n, uint32_t thr, uint64_t *cand, int portable) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (!portable && __builtin_cpu_supports("avx512f")) return gather_keys_avx512(mag, n, thr, cand);
+#endif
+  (void)portable;
+  return gather_keys_from(mag, 0, n, thr, cand);
+}
+
+/* Selects the k largest of one chunk whose magnitude bits are in mag[0..n),
+ * their maximum top. The threshold is the largest binade e such that at
+ * least k magnitudes lie at or above 2^e (vector counts, from the top binade
+ * down, then by bisection); only those go through an exact selection on
+ * (magnitude, index) keys: typically one to two k instead of the chunk. */
+static void select_chunk(const uint32_t *mag, uint32_t top, int64_t n, int64_t k, uint64_t *cand, uint32_t *out) {
+  uint32_t e = top >> 23;
+  int tries = 0;
+  while (e > 0 && tries < 4 && count_at_least(mag, n, e << 23) < k) {
+    e--;
+    tries++;
+  }
+  if (e > 0 && count_at_least(mag, n, e << 23) < k) {
+    uint32_t lo = 0, hi = e; /* count(lo) >= k > count(hi) */
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      if (count_at_least(mag, n, mid << 23) >= k) lo = mid;
+      else hi = mid;
+    }
+    e = lo;
+  }
+  const uint32_t thr = e << 23;
+  const int64_t nc = distro__topk_gather_keys(mag, n, thr, cand, 0);
+  select_largest(cand, nc, k);
+  for (int64_t j = 0; j < k; j++) out[j] = 0xffffffffu - (uint32_t)(cand[j] & 0xffffffffu);
   sort_indices(out, k);
 }
 
@@ -96,18 +173,7 @@ void distro__topk_chunk(const float *x, int64_t ld, int64_t h, int64_t w, int64_
   if (k >= n) {
     for (int64_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
   } else {
-    int32_t hist[256] = {0};
-    int64_t m = 0;
-    for (int64_t b = 0; b < h; b++) {
-      const float *row = x + b * ld;
-      for (int64_t d = 0; d < w; d++, m++) {
-        uint32_t bits;
-        memcpy(&bits, &row[d], sizeof bits);
-        mag[m] = bits & 0x7fffffffu;
-        hist[mag[m] >> 23]++;
-      }
-    }
-    select_chunk(mag, hist, n, k, cand, idx);
+    select_chunk(mag, magnitudes(x, ld, h, w, mag), n, k, cand, idx);
   }
   const int64_t kk = k < n ? k : n;
   for (int64_t j = 0; j < kk; j++) val[j] = x[(idx[j] / w) * ld + idx[j] % w];
@@ -120,7 +186,7 @@ void distro__topk_tiles(const distro__tiling *t, const float *coef, uint32_t *id
     /* Per-thread scratch; without it (allocation failed) fall back to a
      * slow but allocation-free scan, since selection cannot fail. */
     uint32_t *mag = malloc(sizeof(uint32_t) * (size_t)n);
-    uint64_t *cand = malloc(sizeof(uint64_t) * (size_t)n);
+    uint64_t *cand = malloc(sizeof(uint64_t) * (size_t)(n + 8));
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < t->nchunks; c++) {
       uint32_t *ci = idx + c * k;

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
+#include "common/clones.h"
 #include "common/error.h"
 #include "compress/topk.h"
 #include "optim/optim_internal.h"
@@ -41,16 +42,18 @@ static tile_ws workspace(const distro_optim *o, int thread) {
   w.a = w.dct + 7 * e;
   w.b = w.a + e;
   w.cand = (uint64_t *)(w.b + e);
-  w.mag = (uint32_t *)(w.cand + e);
+  w.mag = (uint32_t *)(w.cand + e + 8);
   w.cnt = (uint16_t *)(w.mag + e);
   return w;
 }
 
 size_t distro__demo_ws_bytes(int64_t max_tile) {
-  /* 9 float tiles (7 for the DCT), then u64, u32 and u16 per element; every
-   * part stays 8-byte aligned. */
+  /* 9 float tiles (7 for the DCT), then u64 (8 more for the selection's
+   * whole-vector stores), u32 and u16 per element; every part stays 8-byte
+   * aligned. */
   const size_t e = (size_t)max_tile;
-  return (9 * e * sizeof(float) + e * (sizeof(uint64_t) + sizeof(uint32_t) + sizeof(uint16_t)) + 63) / 64 * 64;
+  return (9 * e * sizeof(float) + (e + 8) * sizeof(uint64_t) + e * (sizeof(uint32_t) + sizeof(uint16_t)) + 63) /
+         64 * 64;
 }
 
 /* Tensor of global tile g, and the tile's number inside it. */
@@ -75,6 +78,31 @@ static double tile_sum_squares(const float *x, int64_t ld, int64_t h, int64_t w)
   for (int l = DISTRO__SUM_LANES / 2; l >= 1; l /= 2)
     for (int j = 0; j < l; j++) lane[j] += lane[j + l];
   return lane[0];
+}
+
+/* Asks for tile g's rows of the arrays in `what` ahead of their use: the
+ * rows of a tile lie a tensor row apart, a pattern the hardware prefetchers
+ * pick up late. */
+enum { PF_GRAD = 1, PF_MOM = 2, PF_NEXT = 4, PF_PARAM = 8, PF_ADAM = 16 };
+static void prefetch_tile(const distro_optim *o, int64_t g, int what) {
+  if (g >= o->tile_base[o->nparams]) return;
+  int64_t ch;
+  const int i = tile_tensor(o, g, &ch);
+  const distro__tiling *t = &o->tilings[i];
+  const distro__param *p = &o->params[i];
+  const int64_t off = (ch / t->tiles_c) * t->h * t->cols + (ch % t->tiles_c) * t->w;
+  for (int64_t r = 0; r < t->h; r++)
+    for (int64_t d = 0; d < t->w; d += 16) {
+      const int64_t at = off + r * t->cols + d;
+      if (what & PF_GRAD) __builtin_prefetch(p->grad + at, 0, 3);
+      if (what & PF_MOM) __builtin_prefetch(p->mom + at, 0, 3);
+      if (what & PF_NEXT) __builtin_prefetch(p->mom_next + at, 1, 3);
+      if (what & PF_PARAM) __builtin_prefetch(p->param + at, 1, 3);
+      if (what & PF_ADAM) {
+        __builtin_prefetch(p->m + at, 1, 3);
+        __builtin_prefetch(p->v + at, 1, 3);
+      }
+    }
 }
 
 static double seconds_between(double *t) {
@@ -116,6 +144,32 @@ static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off,
   return !bad;
 }
 
+/* next = decay*mom + s*f over one tile row; nonzero if a result is Inf or
+ * NaN. The element-wise loops are compiled per instruction set too. */
+DISTRO__CLONES
+static uint32_t blend_row(float *restrict next, const float *restrict mom, const float *restrict f, float decay,
+                          float s, int64_t w) {
+  uint32_t bad = 0;
+  for (int64_t d = 0; d < w; d++) {
+    const float v = decay * mom[d] + s * f[d];
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    next[d] = v;
+    bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
+  }
+  return bad;
+}
+
+DISTRO__CLONES
+static void sign_row(float *restrict p, const float *restrict q, float shrink, float lr, int64_t w) {
+  for (int64_t d = 0; d < w; d++) p[d] = p[d] * shrink - lr * (float)((q[d] > 0) - (q[d] < 0));
+}
+
+DISTRO__CLONES
+static void scaled_row(float *restrict p, const float *restrict q, float shrink, float a, int64_t w) {
+  for (int64_t d = 0; d < w; d++) p[d] = p[d] * shrink - a * q[d];
+}
+
 /* Tile c of tensor i: mom_next = decay*mom + s*DCT(x), select, remove the
  * selection. x is the gradient (sign update) or DisTrO-AdamW's normalized
  * gradient. Returns 0 if mom_next is not finite: a NaN or Inf in the
@@ -138,17 +192,8 @@ static int compress_tile(distro_optim *o, int i, int64_t c, float s, double *sum
   distro__dct_tile_forward(&p->plan, x, ld, ws->a, ws->dct);
   const float decay = o->opt.compression_decay;
   uint32_t bad = 0;
-  for (int64_t b = 0; b < h; b++) {
-    const float *mom = p->mom + off + b * cols, *f = ws->a + b * w;
-    float *next = p->mom_next + off + b * cols;
-    for (int64_t d = 0; d < w; d++) {
-      const float v = decay * mom[d] + s * f[d];
-      uint32_t bits;
-      memcpy(&bits, &v, sizeof bits);
-      next[d] = v;
-      bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
-    }
-  }
+  for (int64_t b = 0; b < h; b++)
+    bad |= blend_row(p->mom_next + off + b * cols, p->mom + off + b * cols, ws->a + b * w, decay, s, w);
   ws->t_transform += seconds_between(&clock);
   if (bad) return 0;
   float *next = p->mom_next + off;
@@ -190,8 +235,6 @@ static void aggregate_tile(const distro_optim *o, int i, int64_t c, float *coef,
   }
 }
 
-static inline float signf(float x) { return (float)((x > 0) - (x < 0)); }
-
 /* Tile c of tensor i: Q = inverse DCT of the aggregate; the sign update
  * p = p (1 - lr wd) - lr sign(Q), or DisTrO-AdamW's p = p (1 - lr wd) - a Q
  * (a from the whole tensor, computed before) and this step's moments. */
@@ -210,10 +253,10 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float a, til
     float *pw = p->param + off + b * cols;
     const float *q = ws->b + b * w;
     if (o->opt.update == DISTRO_UPDATE_SIGN) {
-      for (int64_t d = 0; d < w; d++) pw[d] = pw[d] * shrink - lr * signf(q[d]);
+      sign_row(pw, q, shrink, lr, w);
       continue;
     }
-    for (int64_t d = 0; d < w; d++) pw[d] = pw[d] * shrink - a * q[d];
+    scaled_row(pw, q, shrink, a, w);
     const float b1 = o->opt.beta1, b2 = o->opt.beta2;
     const float *g = p->grad + off + b * cols;
     float *m = p->m + off + b * cols, *v = p->v + off + b * cols;
@@ -263,6 +306,7 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
     for (int64_t g = 0; g < ntiles; g++) {
       int64_t c;
       const int i = tile_tensor(o, g, &c);
+      prefetch_tile(o, g + 1, PF_GRAD | PF_MOM | PF_NEXT | (sign_update ? 0 : PF_ADAM));
       if (!compress_tile(o, i, c, scale, &o->tile_sums[g], &ws) && g < bad_tile) bad_tile = g;
     }
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
@@ -333,6 +377,7 @@ void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s) {
     for (int64_t g = 0; g < ntiles; g++) {
       int64_t c;
       const int i = tile_tensor(o, g, &c);
+      prefetch_tile(o, g + 1, PF_PARAM | (sign_update ? 0 : PF_GRAD | PF_ADAM));
       apply_tile(o, i, c, lr, sign_update ? 0.0f : o->amps[i], &ws);
     }
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};

@@ -42,6 +42,9 @@ distro_status distro__options_check(const distro_options *o) {
     return distro__fail(DISTRO_ERR_INVALID, "unknown algorithm %d", (int)o->algorithm);
   if (o->update != DISTRO_UPDATE_SIGN && o->update != DISTRO_UPDATE_ADAMW)
     return distro__fail(DISTRO_ERR_INVALID, "unknown update rule %d", (int)o->update);
+  if (o->values == DISTRO_VALUES_INT2)
+    return distro__fail(DISTRO_ERR_INVALID, "values INT2 are for DiLoCo's sparse outer gradients "
+                                            "(distro_diloco_options.sparse_values), not the DeMo step");
   if (o->values < DISTRO_VALUES_F32 || o->values > DISTRO_VALUES_INT4)
     return distro__fail(DISTRO_ERR_INVALID, "unknown values codec %d", (int)o->values);
   if (o->wire_version != 1 && o->wire_version != 2)
