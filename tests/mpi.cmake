@@ -13,4 +13,11 @@ if(DISTRO_WITH_MPI)
                    ${MPIEXEC_NUMPROC_FLAG} 3 ${MPIEXEC_PREFLAGS}
                    $<TARGET_FILE:test_comm_mpi> ${MPIEXEC_POSTFLAGS})
   set_tests_properties(test_comm_mpi PROPERTIES TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1")
+  # The same program initialized without MPI_THREAD_MULTIPLE: overlap refuses.
+  add_test(NAME test_comm_mpi_serialized
+           COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
+                   ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:test_comm_mpi> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(test_comm_mpi_serialized PROPERTIES TIMEOUT 120
+                       ENVIRONMENT "OMP_NUM_THREADS=1;DISTRO_TEST_MPI_THREAD=serialized")
 endif()

@@ -83,11 +83,33 @@ Test(gpt_mpi, same_parameters_as_in_process_ranks) {
                                "--optim distro-adamw --steps 12", "--optim distro --values sign1 --topk 8 --steps 12",
                                /* DiLoCo: two learners, then one learner of two ranks */
                                "--optim diloco --learners 2 --H 4 --fragments 2 --outer-codec int4 --steps 12",
-                               "--optim diloco --learners 1 --ranks-per-learner 2 --inner distro --H 5 --steps 12"};
-  for (int i = 0; i < 6; i++) {
+                               "--optim diloco --learners 1 --ranks-per-learner 2 --inner distro --H 5 --steps 12",
+                               /* the exchange on the optimizer's helper thread (MPI_THREAD_MULTIPLE) */
+                               "--optim distro --overlap-step --steps 12",
+                               "--optim distro-adamw --overlap-step --steps 12"};
+  for (int i = 0; i < 8; i++) {
     const unsigned long long local = checksum(0, runs[i]), mpi = checksum(1, runs[i]);
     cr_expect_eq(local, mpi, "%s: in-process %016llx, MPI %016llx", runs[i], local, mpi);
   }
+}
+
+/* Without --threads each MPI process takes its share of the node's cores,
+ * not all of them (2 ranks here: cores / 2). */
+Test(gpt_mpi, default_threads_split_the_node) {
+  char cmd[4096], *out;
+  snprintf(cmd, sizeof cmd,
+           "'%s' --allow-run-as-root --oversubscribe --bind-to none -np 2 '%s' --mpi --data '%s' --layers 1 --dim 32 "
+           "--heads 2 --context 32 --batch 2 --steps 2 --eval-every 0",
+           MPIEXEC, GPT_TRAIN, corpus);
+  int rc = run(cmd, &out);
+  cr_assert_eq(rc, 0, "%s\n%s", cmd, out);
+  const char *p = strstr(out, "threads: ");
+  cr_assert(p, "no threads line:\n%s", out);
+  int threads = 0, cores = 0, here = 0;
+  cr_assert_eq(sscanf(p, "threads: %d per rank (%d cores here, %d MPI rank(s)", &threads, &cores, &here), 3, "%s", p);
+  cr_assert_eq(here, 2, "the 2 ranks of this node were counted as %d", here);
+  cr_assert_eq(threads, cores / 2 > 1 ? cores / 2 : 1, "%d threads per rank for %d cores and 2 ranks", threads, cores);
+  free(out);
 }
 
 Test(gpt_mpi, checkpoint_from_mpi_resumes_in_process) {

@@ -183,6 +183,60 @@ Test(gpt_train, resume_continues_the_same_run) {
   }
 }
 
+/* --overlap-step: the first step sends nothing yet (it only starts its
+ * exchange), every later one completes the previous one; the last exchange
+ * is flushed before the final validation and counted; a run stopped and
+ * resumed (each flushes where it saves) equals one that saves at the same
+ * steps; the model learns. */
+static unsigned long long library_sent(const char *out) {
+  const char *p = strstr(out, "library bytes, all ranks: sent ");
+  cr_assert(p, "no byte count:\n%s", out);
+  return strtoull(p + 31, NULL, 10);
+}
+
+Test(gpt_train, overlap_step_flushes_resumes_and_learns) {
+  for (int i = 1; i < 3; i++) {
+    char args[2048], full[400], part[400], ck[400], ck2[400], a[30][32], b[30][32], sent[30][32], tot[30][32];
+    snprintf(full, sizeof full, "%s/ofull.%s.csv", dir, OPTIMS[i]);
+    snprintf(part, sizeof part, "%s/opart.%s.csv", dir, OPTIMS[i]);
+    snprintf(ck, sizeof ck, "%s/ock.%s.bin", dir, OPTIMS[i]);
+    snprintf(ck2, sizeof ck2, "%s/ock2.%s.bin", dir, OPTIMS[i]);
+    snprintf(args, sizeof args,
+             "--optim %s --overlap-step --steps 24 --eval-every 8 --save-every 11 --save '%s' --checksum --log '%s'",
+             OPTIMS[i], ck2, full);
+    char *out = train(args);
+    const unsigned long long want = checksum_of(out), total = library_sent(out);
+    cr_assert(strstr(out, "one-step-stale"), "%s", out);
+    free(out);
+    cr_assert_eq(csv_column(full, 6, sent, 30), 24);
+    cr_assert_eq(csv_column(full, 8, tot, 30), 24);
+    /* Steps 1, 12 and 23 follow nothing in flight (the start, the flushes
+     * before the saves after steps 11 and 22). */
+    for (int s = 0; s < 24; s++)
+      if (s == 0 || s == 11 || s == 22)
+        cr_assert_str_eq(sent[s], "0", "%s: step %d completed an exchange (%s bytes)", OPTIMS[i], s + 1, sent[s]);
+      else
+        cr_assert(atof(sent[s]) > 0, "%s: step %d completed no exchange (%s)", OPTIMS[i], s + 1, sent[s]);
+    /* The flushed last exchange: about one step's bytes of both ranks. */
+    const double flushed = (double)total - atof(tot[23]), step = 2 * atof(sent[23]);
+    cr_assert(flushed > 0.5 * step && flushed < 2 * step, "%s: %llu bytes in all, %s logged: the flush's %.0f vs a "
+              "step's %.0f", OPTIMS[i], total, tot[23], flushed, step);
+    snprintf(args, sizeof args, "--optim %s --overlap-step --steps 24 --eval-every 8 --stop-after 11 --save '%s' "
+             "--log '%s'", OPTIMS[i], ck, part);
+    free(train(args));
+    snprintf(args, sizeof args, "--optim %s --overlap-step --steps 24 --eval-every 8 --save-every 11 --save '%s' "
+             "--checksum --resume '%s' --log '%s'", OPTIMS[i], ck2, ck, part);
+    out = train(args);
+    cr_assert_eq(checksum_of(out), want, "%s: the resumed overlapped run ends elsewhere\n%s", OPTIMS[i], out);
+    free(out);
+    cr_assert_eq(csv_column(full, 2, a, 30), 24);
+    cr_assert_eq(csv_column(part, 2, b, 30), 24);
+    for (int s = 0; s < 24; s++)
+      cr_assert_str_eq(a[s], b[s], "%s: step %d: loss %s vs %s resumed", OPTIMS[i], s + 1, a[s], b[s]);
+    cr_assert_lt(atof(a[23]), atof(a[0]) - 0.5, "%s: loss %s -> %s", OPTIMS[i], a[0], a[23]);
+  }
+}
+
 /* DiLoCo in the trainer: the learners' outer payloads leave at the scheduled
  * steps only, a fragment's payload at a time, and the model learns. */
 Test(gpt_train, diloco_syncs_on_schedule_and_learns) {
@@ -393,6 +447,9 @@ Test(gpt_errors, bad_flags) {
   expect_error("--compare --optim decoupled", 2, "--compare does not take --optim decoupled");
   expect_error("--optim adamw --inner distro", 2, "--inner is a DiLoCo setting");
   expect_error("--optim decoupled --inner sgd", 2, "--inner: 'sgd' is not one of adamw, distro, distro-adamw");
+  expect_error("--optim adamw --overlap-step", 2, "--overlap-step is for --optim distro or distro-adamw");
+  expect_error("--optim diloco --overlap-step", 2, "--overlap-step is for --optim distro or distro-adamw");
+  expect_error("--compare --overlap-step", 2, "--overlap-step is for --optim distro or distro-adamw");
   char *out;
   char cmd[600];
   snprintf(cmd, sizeof cmd, "'%s' --help", GPT_TRAIN);

@@ -36,7 +36,7 @@ typedef enum {
                           (distro_diloco_options.sparse_values), not the DeMo step */
 } distro_values;
 
-#define DISTRO_OPTIONS_VERSION 2
+#define DISTRO_OPTIONS_VERSION 3
 
 typedef struct distro_options {
   int version;                 /* DISTRO_OPTIONS_VERSION */
@@ -61,11 +61,17 @@ typedef struct distro_options {
                                   down to this multiple of the median norm
                                   across peers (DisTrO-AdamW: each peer's
                                   step scale of a tensor too) */
+  int overlap;                 /* DeMo only. 0 (default): each step waits for
+                                  its all-gather. 1: one-step-stale, as Psyche
+                                  does: step t applies the aggregate of step
+                                  t-1 and leaves its own exchange running on a
+                                  helper thread, hidden behind the caller's
+                                  next forward/backward. See "Overlap" below. */
 } distro_options;
 
 /* Defaults, the same for every algorithm: lr 4e-4, beta 0.9/0.95, eps 1e-8,
  * weight decay 0.1, and for DeMo decay 0.999, chunk 32, topk 32, SIGN
- * update, INT8 values, wire version 2, no robust aggregation. Setting
+ * update, INT8 values, wire version 2, no robust aggregation, no overlap. Setting
  * update = DISTRO_UPDATE_ADAMW on these gives the recommended DisTrO-AdamW
  * (docs/design.md): keep the lr and schedule of the AdamW it replaces. */
 DISTRO_API distro_options distro_options_default(distro_algorithm alg);
@@ -86,6 +92,11 @@ typedef struct distro_step_stats {
   double   seconds_codec;     /* part of seconds_topk and seconds_decode spent
                                  in the wire format: encoding this rank's
                                  payload, validating and decoding all of them */
+  double   seconds_exchange_bg; /* overlap: how long the exchange completed in
+                                 this call ran on the helper thread (its
+                                 collective and decoding); seconds_exchange is
+                                 then the part the caller waited for. 0
+                                 without overlap. */
 } distro_step_stats;
 
 typedef struct distro_optim distro_optim;
@@ -112,11 +123,52 @@ DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name
 
 /* One optimizer step on every registered tensor. `lr` overrides the options'
  * lr (for schedules). Collective: every rank must call it. On any failure no
- * parameter and no optimizer state has changed, on any rank. */
+ * parameter and no optimizer state has changed, on any rank.
+ *
+ * Overlap (options.overlap = 1, DeMo only; docs/design.md "Overlap"):
+ *  - Step t waits for the exchange of step t-1, commits its momentum,
+ *    compresses this step's gradient, starts its exchange on a helper
+ *    thread owned by the optimizer, then applies the aggregate of step t-1
+ *    (with step t-1's lr). The parameters after step t are those the
+ *    blocking step gives after t-1 steps on the same gradients; the
+ *    gradient of step t was computed at those one-step-stale parameters.
+ *  - The first step (and the first after a flush or a failure) has nothing
+ *    to apply: the parameters do not move. Stats report the exchange that
+ *    completed in the call (bytes, decode, dropped peers);
+ *    stats.step counts the steps whose aggregate has been applied.
+ *  - The gradient buffers are read only during the call; the helper reads
+ *    none of the caller's buffers, so the caller may run its next
+ *    forward/backward at once.
+ *  - The exchanges run on a private duplicate of `comm`, made collectively
+ *    at the first step, so the caller may use `comm` for its own
+ *    collectives (loss, evaluation) while one is in flight. A timeout set
+ *    on `comm` (distro_comm_set_timeout) is applied to each exchange. In-
+ *    process communicators work as they are; MPI needs MPI_Init_thread with
+ *    MPI_THREAD_MULTIPLE (else the first step fails with
+ *    DISTRO_ERR_UNSUPPORTED on every rank); NCCL is not supported.
+ *  - A background exchange that fails (a bad or aborting payload, a
+ *    timeout) is reported by the next step or flush, on every rank:
+ *    nothing of it is applied, its staged momentum is dropped, and that
+ *    call's own gradient is not used either; the optimizer is left with no
+ *    exchange in flight, as after a flush, and the next step starts afresh.
+ *  - Argument errors (a bad lr) are reported before anything is waited for
+ *    and leave the exchange in flight. */
 DISTRO_API distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *stats /* may be NULL */);
 
+/* Overlap: waits for the exchange in flight, if any, and applies its
+ * aggregate, so the parameters are those the blocking step would give after
+ * the same steps. Call it on every rank after the last step (before the
+ * final evaluation), and before distro_optim_save. Without an exchange in
+ * flight (or without overlap) it does nothing and returns DISTRO_OK. A
+ * failed exchange is reported as by distro_optim_step. Stats (may be NULL)
+ * report the exchange it completed. */
+DISTRO_API distro_status distro_optim_flush(distro_optim *o, distro_step_stats *stats);
+
 /* Optimizer state (momenta, moments, step count), atomic and checksummed.
- * Parameters are the caller's and are not saved here. */
+ * Parameters are the caller's and are not saved here. With an exchange in
+ * flight (overlap) both fail with DISTRO_ERR_INVALID: call
+ * distro_optim_flush first. A state saved with overlap loads without it and
+ * vice versa. */
 DISTRO_API distro_status distro_optim_save(const distro_optim *o, const char *path);
 DISTRO_API distro_status distro_optim_load(distro_optim *o, const char *path);
 

@@ -71,6 +71,10 @@ static void usage(FILE *f) {
 "  --chunk N           DisTrO: DCT chunk edge\n"
 "  --decay X           DisTrO: momentum decay\n"
 "  --values V          DisTrO: f32, bf16, sign1 (1 bit per value: a vote), int8, int4\n"
+"  --overlap-step      DisTrO (distro, distro-adamw): one-step-stale step: each step\n"
+"                      applies the previous step's aggregate and leaves its own\n"
+"                      all-gather running in the background, hidden behind the next\n"
+"                      forward/backward (options.overlap; docs/design.md \"Overlap\")\n"
 "                      defaults, tuned on the demo setting (README.md):\n"
 "%s"
 "DiLoCo (--optim diloco; docs/diloco.md)\n"
@@ -111,7 +115,8 @@ static void usage(FILE *f) {
 "  --batch N           sequences per rank per step (8)\n"
 "  --seed N            initialisation and data order (1)\n"
 "  --ranks N           in-process ranks (2)\n"
-"  --threads N         OpenMP threads per rank (default: cores / ranks)\n"
+"  --threads N         OpenMP threads per rank (default: cores / ranks on this machine;\n"
+"                      with --mpi, the MPI ranks sharing this node)\n"
 "  --mpi               one rank per MPI process (run under mpirun)\n"
 "output\n"
 "  --eval-every N      validation every N steps (25; 0: only at the end)\n"
@@ -218,6 +223,7 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--checksum")) { c.print_checksum = 1; continue; }
     if (!strcmp(a, "--quiet")) { c.quiet = 1; continue; }
     if (!strcmp(a, "--progress-thread")) { c.diloco.progress_thread = 1; diloco_flags = 1; continue; }
+    if (!strcmp(a, "--overlap-step")) { c.overlap_step = 1; continue; }
     static const char *const valued[] = {
         "--data",   "--layers",     "--dim",        "--heads",       "--context", "--optim",      "--lr",
         "--lr-final", "--warmup",   "--clip",       "--wd",          "--beta1",   "--beta2",      "--topk",
@@ -415,6 +421,9 @@ int main(int argc, char **argv) {
     return bad("--density, --sparse-chunk, --dct, --ef-beta and --sparse-values are SparseLoCo settings: add --optim "
                "sparseloco%s%s", "", "");
   if (c.warmup > c.steps) return bad("--warmup must be <= --steps%s%s", "", "");
+  if (c.overlap_step && (compare || (c.optim != GPT_OPT_DISTRO && c.optim != GPT_OPT_DISTRO_ADAMW)))
+    return bad("--overlap-step is for --optim distro or distro-adamw (not adamw, DiLoCo, decoupled or "
+               "--compare)%s%s", "", "");
   if (c.optim == GPT_OPT_ADAMW && !compare && (ov.topk || ov.chunk || ov.decay || ov.values))
     return bad("--topk, --chunk, --decay and --values are DisTrO settings; --optim adamw takes none%s%s", "", "");
   if (diloco_flags && !compare && c.optim != GPT_OPT_DILOCO && c.optim != GPT_OPT_DECOUPLED)
@@ -435,7 +444,26 @@ int main(int argc, char **argv) {
   distro_comm *comm = NULL;
   if (mpi) {
 #ifdef DISTRO_WITH_MPI
-    MPI_Init(&argc, &argv);
+    /* --overlap-step: the optimizer's helper thread calls MPI while this
+     * thread does (the loss all-reduce, validation), which needs
+     * MPI_THREAD_MULTIPLE; otherwise one thread calls MPI. */
+    const int want = c.overlap_step ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, want, &provided);
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (c.overlap_step && provided < want) {
+      if (world_rank == 0)
+        fprintf(stderr, "gpt: --overlap-step needs MPI_THREAD_MULTIPLE; this MPI provides thread level %d\n",
+                provided);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    /* The ranks sharing this node split its cores (--threads default). */
+    MPI_Comm node;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+      MPI_Comm_size(node, &c.node_ranks);
+      MPI_Comm_free(&node);
+    }
     distro_status s = distro_comm_mpi(MPI_COMM_WORLD, &comm);
     if (s != DISTRO_OK) {
       fprintf(stderr, "gpt: distro_comm_mpi: %s: %s\n", distro_status_string(s), distro_last_error());
@@ -482,6 +510,7 @@ int main(int argc, char **argv) {
                  (double)c.diloco.outer_lr, (double)c.diloco.outer_momentum);
         if (step_optim_kind(&c) != GPT_OPT_ADAMW)
           printf(", topk %d, chunk %d, decay %g, %s values", c.topk, c.chunk, (double)c.decay, values_name(c.values));
+        if (c.overlap_step) printf(", one-step-stale (exchange in the background)");
         printf("\n");
         fflush(stdout);
       }

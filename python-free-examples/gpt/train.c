@@ -215,6 +215,7 @@ static distro_options make_options(const train_config *c) {
     o.chunk = c->chunk;
     o.compression_decay = c->decay;
     o.values = c->values;
+    o.overlap = c->overlap_step;
   }
   return o;
 }
@@ -246,6 +247,28 @@ static void print_progress(const run_ctx *x, int step, float loss, double val, d
           fmt_bytes(b3, sizeof b3, (double)tot_sent), fmt_bytes(b4, sizeof b4, (double)tot_recv), extra,
           fmt_duration(d1, sizeof d1, elapsed), fmt_duration(d2, sizeof d2, eta));
   fflush(o);
+}
+
+/* --overlap-step: waits for the exchange in flight and applies it (every
+ * rank), and adds its bytes, summed over the ranks, to the totals. Returns
+ * 0, or -1 with err set. */
+static int flush_step(distro_optim *opt, distro_comm *comm, uint64_t *tot_sent, uint64_t *tot_recv, char *err,
+                      size_t errn) {
+  distro_step_stats st;
+  distro_status s = distro_optim_flush(opt, &st);
+  if (s != DISTRO_OK) {
+    snprintf(err, errn, "distro_optim_flush: %s: %s", distro_status_string(s), distro_last_error());
+    return -1;
+  }
+  float red[4] = {(float)(st.bytes_sent >> 16), (float)(st.bytes_sent & 0xffff), (float)(st.bytes_received >> 16),
+                  (float)(st.bytes_received & 0xffff)};
+  if (distro_comm_allreduce_sum(comm, red, 4) != DISTRO_OK) {
+    snprintf(err, errn, "all-reduce of the byte counts failed: %s", distro_last_error());
+    return -1;
+  }
+  *tot_sent += ((uint64_t)red[0] << 16) + (uint64_t)red[1];
+  *tot_recv += ((uint64_t)red[2] << 16) + (uint64_t)red[3];
+  return 0;
 }
 
 #define FAIL(...)                                 \
@@ -381,7 +404,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   }
   if (log && fseek(log, 0, SEEK_END) == 0 && ftell(log) == 0) /* new file (a resume appends) */
     fprintf(log, "step,lr,train_loss,val_loss,grad_norm,tokens,bytes_sent,bytes_recv,total_sent,total_recv,"
-                 "step_s,optim_s,exchange_s,elapsed_s%s,outer_s\n",
+                 "step_s,optim_s,exchange_s,elapsed_s%s,outer_s,exchange_bg_s\n",
             decoupled ? ",unix_s,applies,reports,goodput,learner_tokens,bytes_up,bytes_down,useful_s,wasted_s,pending_s" : "");
 
   const int stop = c->stop_after > 0 && c->stop_after < c->steps ? c->stop_after : c->steps;
@@ -499,7 +522,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
                 (unsigned long long)ls.bytes_up, (unsigned long long)ls.bytes_down, ls.useful_s, ls.wasted_s,
                 ls.pending_s);
 #endif
-      fprintf(log, ",%.6f\n", outer_s);
+      fprintf(log, ",%.6f,%.6f\n", outer_s, st.seconds_exchange_bg);
       if (decoupled) fflush(log); /* a learner may be SIGKILLed: the launcher reads what it did */
     }
     if (lead && !c->quiet &&
@@ -510,6 +533,13 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       iv_tokens = iv_time = 0;
     }
     if (c->save_path && ((c->save_every > 0 && done_steps % c->save_every == 0) || done_steps == stop)) {
+      /* A state with an exchange in flight cannot be saved: apply it first
+       * (the resumed run and this one then continue alike). */
+      if (c->overlap_step && flush_step(opt, comm, &tot_sent, &tot_recv, err, sizeof err) != 0) {
+        ok = 0;
+        who = 0;
+        goto done;
+      }
       who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, rng.s, err, sizeof err);
       if (who != -1) goto done;
       if (lead && !c->quiet) {
@@ -528,6 +558,13 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     }
   }
 
+
+  /* --overlap-step: the last step's aggregate is still in flight. */
+  if (c->overlap_step && flush_step(opt, comm, &tot_sent, &tot_recv, err, sizeof err) != 0) {
+    ok = 0;
+    who = 0;
+    goto done;
+  }
 
   /* The whole validation split, once training is complete. DiLoCo first
    * merges what every fragment learned since its last sync, so all learners
@@ -709,7 +746,15 @@ int train_run(const train_config *cfg, const gpt_corpus *data, distro_comm *comm
    * 6x slower with it on), so each call runs on its caller's thread. */
   openblas_set_num_threads(1);
   if (comm) {
-    if (x.threads <= 0) x.threads = cores; /* one rank per process */
+    /* One rank per process: the node's cores split between its ranks (all
+     * cores for each oversubscribed them, and OpenMP's spinning barriers
+     * then made the first DeMo steps 100x slower: bench/wan/README.md). */
+    const int here = cfg->node_ranks > 0 ? cfg->node_ranks : 1;
+    if (x.threads <= 0) x.threads = cores / here > 1 ? cores / here : 1;
+    if (distro_comm_rank(comm) == 0 && !cfg->quiet) {
+      fprintf(out, "threads: %d per rank (%d cores here, %d MPI rank(s) on this node)\n", x.threads, cores, here);
+      fflush(out);
+    }
     rc = rank_main(comm, distro_comm_rank(comm), &x) == DISTRO_OK ? 0 : -1;
     goto out;
   }

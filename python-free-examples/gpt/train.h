@@ -43,6 +43,7 @@ typedef struct {
   int topk, chunk;
   float decay;       /* DeMo momentum decay */
   distro_values values;
+  int overlap_step;  /* DeMo: one-step-stale step, exchange in the background (options.overlap) */
 
   /* DiLoCo (optim == GPT_OPT_DILOCO): `learners` x `ranks_per_learner` ranks,
    * each learner data-parallel inside with `inner`; the topk/chunk/decay/values
@@ -64,7 +65,8 @@ typedef struct {
 
   /* ranks */
   int ranks;         /* in-process ranks (ignored under MPI) */
-  int threads;       /* OpenMP threads per rank; 0: cores / ranks */
+  int threads;       /* OpenMP threads per rank; 0: cores / ranks (on this node) */
+  int node_ranks;    /* MPI: ranks on this node (0: one) */
 
   /* output */
   int eval_every, eval_batches, print_every;

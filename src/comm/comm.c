@@ -50,3 +50,15 @@ distro_status distro_comm_set_timeout(distro_comm *c, double seconds) {
   c->timeout_s = seconds;
   return DISTRO_OK;
 }
+
+distro_status distro__comm_dup(distro_comm *c, distro_comm **out) {
+  *out = NULL;
+  if (c->broken) return broken(c, "duplicating the communicator");
+  if (!c->ops->dup)
+    return distro__fail(DISTRO_ERR_UNSUPPORTED,
+                        "the %s communicator cannot be duplicated for a background exchange (options.overlap)",
+                        c->ops->name);
+  distro_status st = c->ops->dup(c, out);
+  if (st == DISTRO_OK) (*out)->timeout_s = c->timeout_s;
+  return st;
+}

@@ -17,6 +17,10 @@ typedef struct distro__comm_ops {
   distro_status (*barrier)(distro_comm *c);
   void (*destroy)(distro_comm *c);
   int timeouts; /* 1: honours distro_comm.timeout_s (distro_comm_set_timeout) */
+  /* Collective: a new communicator over the same ranks whose collectives
+   * never meet c's, for a helper thread (the optimizer's background
+   * exchanges). NULL: not supported. */
+  distro_status (*dup)(distro_comm *c, distro_comm **out);
 } distro__comm_ops;
 
 struct distro_comm {
@@ -25,6 +29,12 @@ struct distro_comm {
   void *impl;
   double timeout_s; /* 0: collectives wait as long as it takes */
   int broken;       /* a collective timed out: every later one fails at once */
+  int poll;         /* MPI: wait by polling with short sleeps, never spinning in
+                       MPI_Wait (a helper thread beside the caller's compute) */
 };
+
+/* c->ops->dup with the checks every caller needs; the new comm inherits
+ * c's timeout. DISTRO_ERR_UNSUPPORTED where the backend has no dup. */
+distro_status distro__comm_dup(distro_comm *c, distro_comm **out);
 
 #endif

@@ -23,7 +23,7 @@
 #include "comm/comm_internal.h"
 #include "common/error.h"
 
-typedef enum { OP_ALLGATHER, OP_ALLGATHERV, OP_ALLREDUCE, OP_BARRIER } local_op;
+typedef enum { OP_ALLGATHER, OP_ALLGATHERV, OP_ALLREDUCE, OP_BARRIER, OP_DUP } local_op;
 
 static const char *op_name(local_op op) {
   switch (op) {
@@ -31,6 +31,7 @@ static const char *op_name(local_op op) {
     case OP_ALLGATHERV: return "allgatherv";
     case OP_ALLREDUCE: return "allreduce_sum";
     case OP_BARRIER: return "barrier";
+    case OP_DUP: return "dup";
   }
   return "?";
 }
@@ -56,6 +57,7 @@ typedef struct {
   int aborted;           /* a rank timed out arriving: the group is dead */
   int missing;           /* a rank that had not arrived then */
   double waited;         /* the timeout that fired */
+  void *handoff;         /* dup: the new group, from rank 0 */
 } local_group;
 
 /* Barrier. rank >= 0: the arrival barrier of a collective, which fails
@@ -107,16 +109,43 @@ static int group_wait_timed(local_group *g, int rank, double timeout_s) {
 
 static void group_wait(local_group *g) { (void)group_wait_timed(g, -1, 0); }
 
-static void group_release(local_group *g) {
-  pthread_mutex_lock(&g->mu);
-  int last = --g->refs == 0;
-  pthread_mutex_unlock(&g->mu);
-  if (!last) return;
+static void group_free(local_group *g) {
   pthread_cond_destroy(&g->cv);
   pthread_mutex_destroy(&g->mu);
   free(g->slots);
   free(g->seen);
   free(g);
+}
+
+/* A group of `world` ranks, each holding a reference; NULL when out of
+ * memory. */
+static local_group *group_new(int world) {
+  local_group *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->slots = calloc((size_t)world, sizeof *g->slots);
+  g->seen = calloc((size_t)world, sizeof *g->seen);
+  int locks = 0;
+  if (g->slots && g->seen && pthread_mutex_init(&g->mu, NULL) == 0) {
+    locks = 1;
+    if (pthread_cond_init(&g->cv, NULL) == 0) {
+      g->world = world;
+      g->refs = world;
+      return g;
+    }
+  }
+  if (locks) pthread_mutex_destroy(&g->mu);
+  free(g->slots);
+  free(g->seen);
+  free(g);
+  return NULL;
+}
+
+static void group_release(local_group *g) {
+  pthread_mutex_lock(&g->mu);
+  int last = --g->refs == 0;
+  pthread_mutex_unlock(&g->mu);
+  if (!last) return;
+  group_free(g);
 }
 
 /* Publishes this rank's slot and waits for everyone. Then checks that all
@@ -241,6 +270,32 @@ static distro_status local_barrier(distro_comm *c) {
   return st;
 }
 
+/* Rank 0 creates the new group and leaves its address in the old one;
+ * every rank takes it between the arrival and the closing barrier. A rank
+ * that could not allocate its comm fails the call on every rank. */
+static distro_status local_dup(distro_comm *c, distro_comm **out) {
+  local_group *g = c->impl, *ng = NULL;
+  distro_comm *nc = calloc(1, sizeof *nc);
+  if (c->rank == 0) g->handoff = ng = group_new(g->world);
+  local_slot s = {.op = OP_DUP, .ok = nc && (c->rank != 0 || ng)};
+  distro_status st = publish_and_check(c, s);
+  if (st == DISTRO_ERR_TIMEOUT) { /* nobody reads the handoff of an aborted call */
+    free(nc);
+    if (ng) group_free(ng);
+    return st;
+  }
+  if (st == DISTRO_OK) ng = g->handoff;
+  group_wait(g); /* everyone has read the handoff */
+  if (st != DISTRO_OK) {
+    free(nc);
+    if (c->rank == 0 && ng) group_free(ng);
+    return st;
+  }
+  *nc = (distro_comm){.ops = c->ops, .rank = c->rank, .size = c->size, .impl = ng};
+  *out = nc;
+  return DISTRO_OK;
+}
+
 static void local_destroy(distro_comm *c) {
   if (c->impl) group_release(c->impl);
   c->impl = NULL;
@@ -254,36 +309,26 @@ static const distro__comm_ops local_ops = {
     .barrier = local_barrier,
     .destroy = local_destroy,
     .timeouts = 1,
+    .dup = local_dup,
 };
 
 distro_status distro_comm_local_group(int world, distro_comm **comms) {
   distro_status st = DISTRO_OK;
   local_group *g = NULL;
   distro_comm **tmp = NULL;
-  int made = 0, locks = 0;
+  int made = 0;
   if (world < 1) DISTRO_FAIL(DISTRO_ERR_INVALID, "distro_comm_local_group: world %d < 1", world);
   if (!comms) DISTRO_FAIL(DISTRO_ERR_INVALID, "distro_comm_local_group: comms is NULL");
 
-  g = calloc(1, sizeof *g);
+  g = group_new(world);
   tmp = calloc((size_t)world, sizeof *tmp);
   if (!g || !tmp) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: out of memory");
-  g->slots = calloc((size_t)world, sizeof *g->slots);
-  g->seen = calloc((size_t)world, sizeof *g->seen);
-  if (!g->slots || !g->seen) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: out of memory");
-  if (pthread_mutex_init(&g->mu, NULL) != 0)
-    DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: pthread_mutex_init failed");
-  locks = 1;
-  if (pthread_cond_init(&g->cv, NULL) != 0)
-    DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: pthread_cond_init failed");
-  locks = 2;
-  g->world = world;
   for (made = 0; made < world; made++) {
     distro_comm *c = calloc(1, sizeof *c);
     if (!c) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_local_group: out of memory");
     *c = (distro_comm){.ops = &local_ops, .rank = made, .size = world, .impl = g};
     tmp[made] = c;
   }
-  g->refs = world;
   /* Written only on success, so a failed call leaves comms untouched. */
   memcpy(comms, tmp, (size_t)world * sizeof *comms);
   free(tmp);
@@ -293,13 +338,7 @@ fail:
   if (tmp)
     for (int i = 0; i < made; i++) free(tmp[i]); /* not yet holding references */
   free(tmp);
-  if (g) {
-    if (locks > 1) pthread_cond_destroy(&g->cv);
-    if (locks > 0) pthread_mutex_destroy(&g->mu);
-    free(g->slots);
-    free(g->seen);
-    free(g);
-  }
+  if (g) group_free(g);
   return st;
 }
 

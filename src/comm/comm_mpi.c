@@ -47,17 +47,20 @@ static double now_s(void) {
  * deadline `end` (shared by the requests of one collective). A timeout
  * marks the comm broken. */
 static distro_status wait_req(distro_comm *c, MPI_Request *r, const char *name, double end) {
-  if (c->timeout_s <= 0) {
+  if (c->timeout_s <= 0 && !c->poll) {
     const int rc = MPI_Wait(r, MPI_STATUS_IGNORE);
     return rc == MPI_SUCCESS ? DISTRO_OK : mpi_fail(rc, name);
   }
+  /* Polled (a timeout, or a helper thread that must not spin in MPI_Wait
+   * beside the caller's compute): each MPI_Test also progresses the
+   * transfer, so the naps stay short. */
   double nap = 20e-6;
   for (;;) {
     int done = 0;
     const int rc = MPI_Test(r, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, name);
     if (done) return DISTRO_OK;
-    if (now_s() >= end) {
+    if (c->timeout_s > 0 && now_s() >= end) {
       c->broken = 1;
       return distro__fail(DISTRO_ERR_TIMEOUT,
                           "%s on rank %d did not complete within %.3g s (a peer stopped?); the communicator is "
@@ -286,6 +289,33 @@ fail:
   return st;
 }
 
+static const char *thread_level_name(int level) {
+  return level == MPI_THREAD_SINGLE       ? "MPI_THREAD_SINGLE"
+         : level == MPI_THREAD_FUNNELED   ? "MPI_THREAD_FUNNELED"
+         : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+                                          : "MPI_THREAD_MULTIPLE";
+}
+
+/* The duplicate runs on a helper thread while the caller keeps using MPI
+ * (its own collectives, evaluation), so MPI must allow calls from several
+ * threads at once. */
+static distro_status mpi_dup(distro_comm *c, distro_comm **out) {
+  mpi_impl *m = c->impl;
+  int level = MPI_THREAD_SINGLE;
+  if (MPI_Query_thread(&level) != MPI_SUCCESS || level < MPI_THREAD_MULTIPLE)
+    return distro__fail(DISTRO_ERR_UNSUPPORTED,
+                        "a background exchange (options.overlap) calls MPI from a helper thread while the caller "
+                        "may call MPI too: initialize MPI with MPI_Init_thread and MPI_THREAD_MULTIPLE (this process "
+                        "has %s)",
+                        thread_level_name(level));
+  distro_status st = distro_comm_mpi(m->comm, out);
+  if (st == DISTRO_OK) {
+    ((mpi_impl *)(*out)->impl)->max_count = m->max_count;
+    (*out)->poll = 1;
+  }
+  return st;
+}
+
 static void mpi_destroy(distro_comm *c) {
   mpi_impl *m = c->impl;
   if (!m) return;
@@ -306,6 +336,7 @@ static const distro__comm_ops mpi_ops = {
     .barrier = mpi_barrier,
     .destroy = mpi_destroy,
     .timeouts = 1,
+    .dup = mpi_dup,
 };
 
 /* Test hook (internal): lower the per-call element limit of one comm so the

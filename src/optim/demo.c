@@ -117,7 +117,9 @@ static double seconds_between(double *t) {
  * u = g / (sqrt(vhat') + eps), the gradient normalized by the second moment
  * it would have after this step (v' = b2 v + (1 - b2) g^2, not stored: the
  * step may still fail), and the squares of the step AdamW would take here,
- * mhat' / (sqrt(vhat') + eps), summed per tile. */
+ * mhat' / (sqrt(vhat') + eps), summed per tile. With overlap the gradient
+ * is gone when the step commits, so m' and v' are staged in m_next, v_next;
+ * otherwise the apply phase recomputes them (no staging memory). */
 static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off, float *u, double *sum) {
   const distro__tiling *t = &p->tiling;
   const int64_t tt = o->step + 1;
@@ -128,6 +130,7 @@ static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off,
   int64_t e = 0;
   for (int64_t b = 0; b < t->h; b++) {
     const float *g = p->grad + off + b * t->cols, *m = p->m + off + b * t->cols, *v = p->v + off + b * t->cols;
+    float *mn = p->m_next ? p->m_next + off + b * t->cols : NULL, *vn = p->m_next ? p->v_next + off + b * t->cols : NULL;
     for (int64_t d = 0; d < t->w; d++, e++) {
       const float mj = b1 * m[d] + (1.0f - b1) * g[d];
       const float vj = b2 * v[d] + (1.0f - b2) * g[d] * g[d];
@@ -136,6 +139,10 @@ static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off,
       u[e] = g[d] / den;
       lane[e % DISTRO__SUM_LANES] += (double)step * (double)step;
       bad |= !isfinite(vj);
+      if (mn) {
+        mn[d] = mj;
+        vn[d] = vj;
+      }
     }
   }
   for (int l = DISTRO__SUM_LANES / 2; l >= 1; l /= 2)
@@ -237,7 +244,8 @@ static void aggregate_tile(const distro_optim *o, int i, int64_t c, float *coef,
 
 /* Tile c of tensor i: Q = inverse DCT of the aggregate; the sign update
  * p = p (1 - lr wd) - lr sign(Q), or DisTrO-AdamW's p = p (1 - lr wd) - a Q
- * (a from the whole tensor, computed before) and this step's moments. */
+ * (a from the whole tensor, computed before) and, unless they were staged,
+ * this step's moments. */
 static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float a, tile_ws *ws) {
   distro__param *p = &o->params[i];
   const distro__tiling *t = &p->tiling;
@@ -257,6 +265,7 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float a, til
       continue;
     }
     scaled_row(pw, q, shrink, a, w);
+    if (p->m_next) continue; /* committed by distro__demo_commit */
     const float b1 = o->opt.beta1, b2 = o->opt.beta2;
     const float *g = p->grad + off + b * cols;
     float *m = p->m + off + b * cols, *v = p->v + off + b * cols;
@@ -332,20 +341,31 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
   return size;
 }
 
+static void swap(float **a, float **b) {
+  float *t = *a;
+  *a = *b;
+  *b = t;
+}
+
+void distro__demo_commit(distro_optim *o) {
+  for (int i = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    swap(&p->mom, &p->mom_next);
+    if (p->m_next) {
+      swap(&p->m, &p->m_next);
+      swap(&p->v, &p->v_next);
+    }
+  }
+}
+
 void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s) {
   const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN, nt = step_threads(o);
   const int64_t ntiles = o->tile_base[o->nparams];
-  /* The staged momentum becomes current, and every rank applies the same
-   * aggregate. DisTrO-AdamW rescales Q to the RMS of the step AdamW would
-   * take (p -= lr (rho / RMS(Q)) Q, rho the mean over the ranks of that RMS
-   * on each rank's own data); RMS(Q) comes from the aggregated coefficients
-   * (the transform is orthonormal), tile by tile, before any parameter
-   * moves. */
-  for (int i = 0; i < o->nparams; i++) {
-    float *tmp = o->params[i].mom;
-    o->params[i].mom = o->params[i].mom_next;
-    o->params[i].mom_next = tmp;
-  }
+  /* Every rank applies the same aggregate. DisTrO-AdamW rescales Q to the
+   * RMS of the step AdamW would take (p -= lr (rho / RMS(Q)) Q, rho the
+   * mean over the ranks of that RMS on each rank's own data); RMS(Q) comes
+   * from the aggregated coefficients (the transform is orthonormal), tile
+   * by tile, before any parameter moves. */
   double t0 = distro__now();
   if (!sign_update) {
 #pragma omp parallel num_threads(nt)
@@ -393,6 +413,7 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
   /* 2. Exchange, then validate and decode everything before applying. */
   DISTRO_CHECK(distro__payload_exchange(o, size, s));
   /* 3. Commit: nothing here can fail. */
+  distro__demo_commit(o);
   distro__demo_apply(o, lr, s);
   return DISTRO_OK;
 fail:

@@ -106,6 +106,10 @@ distro_status distro_diloco_create(const distro_diloco_options *opt, distro_opti
   if (!opt || !inner || !outer) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_create: NULL argument");
   distro_status st = options_check(opt);
   if (st != DISTRO_OK) return st;
+  if (inner->opt.overlap)
+    return distro__fail(DISTRO_ERR_UNSUPPORTED,
+                        "distro_diloco_create: the inner optimizer overlaps its exchange (options.overlap), but DiLoCo "
+                        "reads and resets the parameters after each inner step: use a blocking inner optimizer");
   if (inner->nparams > 0) { /* fail early on P > units where we can */
     int64_t *n = malloc(sizeof *n * (size_t)inner->nparams);
     if (!n) return distro__fail(DISTRO_ERR_NOMEM, "out of memory");

@@ -127,6 +127,7 @@ distro_status distro_optim_set_grad(distro_optim *o, const char *name, const flo
 }
 
 static void free_state(distro_optim *o) {
+  distro__overlap_free(o); /* first: its helper reads the payload buffers */
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     distro__dct_plan_destroy(&p->plan);
@@ -134,9 +135,11 @@ static void free_state(distro_optim *o) {
     free(p->mom_next);
     free(p->m);
     free(p->v);
+    free(p->m_next);
+    free(p->v_next);
     free(p->idx);
     free(p->val);
-    p->mom = p->mom_next = p->m = p->v = p->val = NULL;
+    p->mom = p->mom_next = p->m = p->v = p->m_next = p->v_next = p->val = NULL;
     p->idx = NULL;
   }
   distro__payload_destroy(o);
@@ -182,6 +185,12 @@ distro_status distro__optim_prepare(distro_optim *o) {
       p->m = zalloc_floats(p->numel);
       p->v = zalloc_floats(p->numel);
       if (!p->m || !p->v) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for AdamW moments of '%s'", p->name);
+      if (demo && o->opt.overlap) { /* staged until the exchange completes (demo.c) */
+        p->m_next = zalloc_floats(p->numel);
+        p->v_next = zalloc_floats(p->numel);
+        if (!p->m_next || !p->v_next)
+          DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the staged AdamW moments of '%s'", p->name);
+      }
     }
     if (demo) {
       const int64_t sel = p->tiling.nchunks * p->tiling.k;
@@ -216,6 +225,7 @@ distro_status distro__optim_prepare(distro_optim *o) {
     if (!o->tile_sums || !o->ws || !o->ws_clock)
       DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the step's workspaces (%d x %zu bytes)", o->nws, o->ws_bytes);
     memset(o->ws, 0, o->ws_bytes * (size_t)o->nws); /* the selection counts start (and stay) zero */
+    if (o->opt.overlap) DISTRO_CHECK(distro__overlap_init(o));
   } else if (o->comm->size > 1) { /* one rank updates straight from its gradients */
     o->flat = zalloc_floats(o->total_numel + 1);
     if (!o->flat) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the all-reduce buffer");
@@ -251,9 +261,9 @@ distro_status distro__optim_verify(distro_optim *o, int local_ok) {
   const int world = o->comm->size, rank = o->comm->rank;
   signature mine = {(uint64_t)(local_ok != 0), (uint64_t)o->nparams, 0xcbf29ce484222325ULL, 0xcbf29ce484222325ULL}, *all = NULL;
   uint64_t *hashes = NULL, *all_hashes = NULL;
-  int32_t fields[6] = {(int32_t)o->opt.algorithm, (int32_t)o->opt.update, (int32_t)o->opt.values, o->opt.chunk,
-                       o->opt.topk, o->opt.wire_version};
-  if (o->opt.algorithm == DISTRO_ALG_ADAMW) fields[1] = fields[2] = fields[3] = fields[4] = fields[5] = 0;
+  int32_t fields[7] = {(int32_t)o->opt.algorithm, (int32_t)o->opt.update, (int32_t)o->opt.values, o->opt.chunk,
+                       o->opt.topk, o->opt.wire_version, o->opt.overlap};
+  if (o->opt.algorithm == DISTRO_ALG_ADAMW) fields[1] = fields[2] = fields[3] = fields[4] = fields[5] = fields[6] = 0;
   mine.options_hash = fnv1a(mine.options_hash, fields, sizeof fields);
   for (int i = 0; i < o->nparams; i++) {
     uint64_t h = param_hash(&o->params[i]);
@@ -268,7 +278,7 @@ distro_status distro__optim_verify(distro_optim *o, int local_ok) {
     if (!all[r].ok) DISTRO_FAIL(DISTRO_ERR_COMM, "rank %d could not prepare its optimizer state", r);
   for (int r = 0; r < world; r++) {
     if (all[r].options_hash != all[0].options_hash)
-      DISTRO_FAIL(DISTRO_ERR_SHAPE, "rank %d uses different optimizer options (algorithm/update/values/chunk/topk/wire version) than rank 0", r);
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "rank %d uses different optimizer options (algorithm/update/values/chunk/topk/wire version/overlap) than rank 0", r);
     if (all[r].nparams != all[0].nparams || all[r].list_hash != all[0].list_hash) differ = 1;
     if (all[r].nparams > maxn) maxn = all[r].nparams;
   }
@@ -338,14 +348,39 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
   } else if (st != DISTRO_OK) {
     return st;
   }
+  /* Overlap: the private comm of the background exchanges, made once the
+   * ranks agree that all of them overlap. */
+  if (o->ov) DISTRO_CHECK(distro__overlap_attach(o));
   /* With options.threads, the step's parallel regions use that many threads;
    * the caller's setting comes back on return. */
   const int caller_threads = omp_get_max_threads();
   if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
-  st = o->opt.algorithm == DISTRO_ALG_DEMO ? distro__demo_step(o, lr, &s) : distro__adamw_step(o, lr, &s);
+  if (o->ov) st = distro__overlap_step(o, lr, &s); /* counts its own steps */
+  else st = o->opt.algorithm == DISTRO_ALG_DEMO ? distro__demo_step(o, lr, &s) : distro__adamw_step(o, lr, &s);
   if (o->opt.threads > 0) omp_set_num_threads(caller_threads);
   if (st != DISTRO_OK) return st;
-  o->step++;
+  if (!o->ov) o->step++;
+  s.step = o->step;
+  s.seconds_total = distro__now() - t0;
+  if (stats) *stats = s;
+  return DISTRO_OK;
+fail:
+  return st;
+}
+
+distro_status distro_optim_flush(distro_optim *o, distro_step_stats *stats) {
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_flush: optimizer is NULL");
+  const double t0 = distro__now();
+  distro_step_stats s;
+  memset(&s, 0, sizeof s);
+  distro_status st = DISTRO_OK;
+  if (distro__overlap_pending(o)) {
+    const int caller_threads = omp_get_max_threads();
+    if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
+    st = distro__overlap_flush(o, &s);
+    if (o->opt.threads > 0) omp_set_num_threads(caller_threads);
+  }
+  if (st != DISTRO_OK) return st;
   s.step = o->step;
   s.seconds_total = distro__now() - t0;
   if (stats) *stats = s;

@@ -19,6 +19,23 @@ typedef struct {
   double transform, select, decode;
 } distro__tile_clock;
 
+/* Where one payload exchange lands: payload.c writes it, the apply phase
+ * reads the optimizer's own set. The blocking step exchanges into that set;
+ * the overlapped one into a second set (overlap.c), swapped in when the
+ * exchange has completed. */
+typedef struct distro__xset {
+  uint8_t *recv;        /* world slots of `slot` bytes */
+  size_t *sizes;        /* per rank: received payload bytes */
+  uint32_t *dec_idx;    /* world x total_sel decoded indices */
+  float *dec_val;       /* world x total_sel decoded values */
+  uint8_t *dropped;     /* per rank: payload skipped */
+  float *dec_scales;    /* world x nparams: DisTrO-AdamW's step scales, decoded */
+  uint32_t **idx_ptrs;  /* per tensor, for the codec API */
+  float **val_ptrs;
+} distro__xset;
+
+typedef struct distro__overlap distro__overlap;
+
 typedef struct distro__param {
   char *name;
   float *param;
@@ -30,6 +47,9 @@ typedef struct distro__param {
   distro__dct_plan plan;
   float *mom, *mom_next; /* DeMo momentum in the DCT domain; next is staged until commit */
   float *m, *v;          /* AdamW moments (DisTrO-AdamW: of this rank's own gradient) */
+  float *m_next, *v_next; /* DisTrO-AdamW with overlap: the moments staged by the
+                             compress phase until the step commits (the gradient
+                             is gone by then); NULL otherwise */
   uint32_t *idx;         /* this step's selection (DeMo) */
   float *val;
 } distro__param;
@@ -71,6 +91,7 @@ struct distro_optim {
   uint8_t *ws;                    /* nws workspaces */
   distro__tile_clock *ws_clock;   /* per thread: where a phase's time went */
   float *flat;                  /* AdamW baseline: all gradients + 1 flag */
+  distro__overlap *ov;          /* options.overlap: the background exchange (overlap.c) */
 };
 
 int distro__uses_adam(const distro_options *o);
@@ -96,6 +117,11 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
  * after distro__payload_exchange succeeded, commit the staged momentum and
  * apply the aggregate (cannot fail). */
 size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s);
+/* The staged state (momentum; with overlap DisTrO-AdamW's moments) becomes
+ * current: the step's exchange succeeded. */
+void distro__demo_commit(distro_optim *o);
+/* Applies the aggregate decoded into the optimizer's own set with `lr`
+ * (the step's own; with overlap the lr of the step that sent it). */
 void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s);
 /* Bytes of one thread's workspace of the DeMo step for tiles of up to
  * max_tile elements. */
@@ -111,6 +137,27 @@ size_t distro__payload_encode(distro_optim *o, int bad_tensor);
  * dec_val; applies the robust-aggregation options. Changes no state but
  * the receive buffers. */
 distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step_stats *s);
+/* The same into `x`, over `comm`, expecting payloads stamped `step`. Reads
+ * `o` only (its send buffer, layout and options), so a helper thread can
+ * run it while the caller applies the previous aggregate. */
+distro_status distro__payload_exchange_into(const distro_optim *o, distro_comm *comm, int64_t step,
+                                            distro__xset *x, size_t size, distro_step_stats *s);
+/* A second exchange set shaped like the optimizer's (overlap.c); free
+ * accepts a zeroed set. */
+distro_status distro__xset_alloc(const distro_optim *o, distro__xset *x);
+void distro__xset_free(distro__xset *x);
+/* The optimizer's own set, as an xset (pointers into it). */
+distro__xset distro__xset_own(const distro_optim *o);
+
+/* The one-step-stale step (overlap.c): apply the aggregate of the previous
+ * step, compress this one and start its exchange on a helper thread. */
+distro_status distro__overlap_init(distro_optim *o);   /* local: buffers, thread */
+distro_status distro__overlap_attach(distro_optim *o); /* collective: the private comm */
+distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats *s);
+/* Waits for the exchange in flight, if any, and applies it. */
+distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s);
+int distro__overlap_pending(const distro_optim *o);
+void distro__overlap_free(distro_optim *o);
 /* DisTrO-AdamW: the mean of the ranks' step scales for tensor i (decoded
  * this step; dropped ranks left out), summed in rank order. */
 float distro__mean_scale(const distro_optim *o, int i);

@@ -118,12 +118,14 @@ size_t distro__payload_encode(distro_optim *o, int bad_tensor) {
                               o->val_ptrs, o->opt.update == DISTRO_UPDATE_ADAMW ? o->scales : NULL);
 }
 
-/* Validates and decodes rank r's payload into its rows of dec_idx/dec_val. */
-static distro_status decode_one(distro_optim *o, int r, int *aborted, uint32_t *why, uint32_t *tensor) {
-  const uint8_t *buf = o->recv + (size_t)r * o->slot;
-  const size_t size = o->sizes[r];
-  uint32_t *ri = o->dec_idx + (size_t)r * (size_t)o->total_sel;
-  float *rv = o->dec_val + (size_t)r * (size_t)o->total_sel;
+/* Validates and decodes rank r's payload into its rows of x's dec_idx /
+ * dec_val; the payload must be stamped with `step`. */
+static distro_status decode_one(const distro_optim *o, distro__xset *x, int64_t step_want, int r, int *aborted,
+                                uint32_t *why, uint32_t *tensor) {
+  const uint8_t *buf = x->recv + (size_t)r * o->slot;
+  const size_t size = x->sizes[r];
+  uint32_t *ri = x->dec_idx + (size_t)r * (size_t)o->total_sel;
+  float *rv = x->dec_val + (size_t)r * (size_t)o->total_sel;
   distro_status st;
   if (o->opt.wire_version == 1) {
     const distro__wire_layout *l = &o->layout;
@@ -142,21 +144,21 @@ static distro_status decode_one(distro_optim *o, int r, int *aborted, uint32_t *
     }
   } else {
     for (int i = 0; i < o->nparams; i++) {
-      o->idx_ptrs[i] = ri + o->sel_off[i];
-      o->val_ptrs[i] = rv + o->sel_off[i];
+      x->idx_ptrs[i] = ri + o->sel_off[i];
+      x->val_ptrs[i] = rv + o->sel_off[i];
     }
-    st = distro__wire2_decode(buf, size, o->w2, o->nparams, o->opt.values, r, aborted, why, tensor, o->idx_ptrs,
-                              o->val_ptrs,
-                              o->opt.update == DISTRO_UPDATE_ADAMW ? o->dec_scales + (size_t)r * (size_t)o->nparams : NULL);
+    st = distro__wire2_decode(buf, size, o->w2, o->nparams, o->opt.values, r, aborted, why, tensor, x->idx_ptrs,
+                              x->val_ptrs,
+                              o->opt.update == DISTRO_UPDATE_ADAMW ? x->dec_scales + (size_t)r * (size_t)o->nparams : NULL);
     if (st != DISTRO_OK || *aborted) return st;
   }
   uint32_t sender;
   uint64_t step;
   distro__wire_read_origin(buf, &sender, &step);
-  if (sender != (uint32_t)r || step != (uint64_t)o->step)
+  if (sender != (uint32_t)r || step != (uint64_t)step_want)
     return distro__fail(DISTRO_ERR_PAYLOAD,
                         "payload from rank %d: stamped rank %u step %llu, expected step %lld (ranks out of step?)", r,
-                        sender, (unsigned long long)step, (long long)o->step);
+                        sender, (unsigned long long)step, (long long)step_want);
   return DISTRO_OK;
 }
 
@@ -200,35 +202,75 @@ int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, i
   return clipped;
 }
 
+distro__xset distro__xset_own(const distro_optim *o) {
+  distro__xset x = {o->recv, o->sizes, o->dec_idx, o->dec_val, o->dropped, o->dec_scales, o->idx_ptrs, o->val_ptrs};
+  return x;
+}
+
+distro_status distro__xset_alloc(const distro_optim *o, distro__xset *x) {
+  const size_t world = (size_t)o->comm->size, n = (size_t)o->nparams, all = (size_t)o->total_sel * world + 1;
+  memset(x, 0, sizeof *x);
+  x->recv = malloc(o->slot * world);
+  x->sizes = calloc(world, sizeof(size_t));
+  x->dec_idx = malloc(sizeof(uint32_t) * all);
+  x->dec_val = malloc(sizeof(float) * all);
+  x->dropped = calloc(world, 1);
+  x->dec_scales = calloc(n * world, sizeof(float));
+  x->idx_ptrs = malloc(sizeof(uint32_t *) * n);
+  x->val_ptrs = malloc(sizeof(float *) * n);
+  if (x->recv && x->sizes && x->dec_idx && x->dec_val && x->dropped && x->dec_scales && x->idx_ptrs && x->val_ptrs)
+    return DISTRO_OK;
+  distro__xset_free(x);
+  return distro__fail(DISTRO_ERR_NOMEM, "out of memory for a second set of exchange buffers (%zu bytes per rank)",
+                      o->slot);
+}
+
+void distro__xset_free(distro__xset *x) {
+  free(x->recv);
+  free(x->sizes);
+  free(x->dec_idx);
+  free(x->dec_val);
+  free(x->dropped);
+  free(x->dec_scales);
+  free(x->idx_ptrs);
+  free(x->val_ptrs);
+  memset(x, 0, sizeof *x);
+}
+
 distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step_stats *s) {
+  distro__xset x = distro__xset_own(o);
+  return distro__payload_exchange_into(o, o->comm, o->step, &x, size, s);
+}
+
+distro_status distro__payload_exchange_into(const distro_optim *o, distro_comm *comm, int64_t step,
+                                            distro__xset *x, size_t size, distro_step_stats *s) {
   distro_status st = DISTRO_OK;
-  distro_comm *comm = o->comm;
   const int world = comm->size, rank = comm->rank;
   double t0 = distro__now();
   if (o->opt.wire_version == 1) {
-    DISTRO_CHECK(comm->ops->allgather(comm, o->send, size, o->recv));
-    for (int r = 0; r < world; r++) o->sizes[r] = size;
+    DISTRO_CHECK(comm->ops->allgather(comm, o->send, size, x->recv));
+    for (int r = 0; r < world; r++) x->sizes[r] = size;
   } else {
-    DISTRO_CHECK(comm->ops->allgatherv(comm, o->send, size, o->recv, o->slot, o->sizes));
+    DISTRO_CHECK(comm->ops->allgatherv(comm, o->send, size, x->recv, o->slot, x->sizes));
   }
   double t1 = distro__now();
   s->seconds_exchange += t1 - t0;
   s->bytes_sent = size;
   s->bytes_received = 0;
   for (int r = 0; r < world; r++)
-    if (r != rank) s->bytes_received += o->sizes[r];
+    if (r != rank) s->bytes_received += x->sizes[r];
 
   /* Validate and decode everything before anything is applied. A payload
    * that fails validation fails the step on every rank, or, with
    * drop_invalid_peers, is skipped by every rank alike. */
-  for (int r = 0; r < world; r++) o->dropped[r] = 0;
+  for (int r = 0; r < world; r++) x->dropped[r] = 0;
   const double tdec = distro__now();
   int abort_rank = -1;
   uint32_t abort_tensor = 0;
   for (int r = 0; r < world; r++) {
     int aborted = 0;
     uint32_t why = 0, tensor = 0;
-    distro_status dst = decode_one(o, r, &aborted, &why, &tensor);
+    distro_status dst = decode_one(o, x, step, r, &aborted, &why, &tensor);
     if (dst == DISTRO_OK && aborted) {
       if (abort_rank < 0) {
         abort_rank = r;
@@ -241,7 +283,7 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
         st = dst;
         goto fail;
       }
-      o->dropped[r] = 1; /* our own payload too, when it did not survive */
+      x->dropped[r] = 1; /* our own payload too, when it did not survive */
     }
   }
   s->seconds_codec += distro__now() - tdec;
@@ -256,11 +298,11 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
       DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
     }
     mine[0] = abort_rank >= 0;
-    memcpy(mine + 1, o->dropped, (size_t)world);
+    memcpy(mine + 1, x->dropped, (size_t)world);
     distro_status ast = comm->ops->allgather(comm, mine, rec, all);
     for (int q = 0; q < world && ast == DISTRO_OK; q++) {
       if (all[q * rec] && abort_rank < 0) abort_rank = q; /* q saw an abort notice; report q */
-      for (int r = 0; r < world; r++) o->dropped[r] |= all[q * rec + 1 + (size_t)r];
+      for (int r = 0; r < world; r++) x->dropped[r] |= all[q * rec + 1 + (size_t)r];
     }
     free(mine);
     free(all);
@@ -273,7 +315,7 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
   }
   int live = 0;
   for (int r = 0; r < world; r++) {
-    if (!o->dropped[r]) {
+    if (!x->dropped[r]) {
       live++;
       continue;
     }
@@ -285,14 +327,14 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
     if (!vals) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
     int clipped = 0;
     for (int i = 0; i < o->nparams && clipped >= 0; i++) {
-      for (int r = 0; r < world; r++) vals[r] = o->dec_val + (size_t)r * (size_t)o->total_sel + o->sel_off[i];
-      int c = distro__robust_clip(vals, o->dropped, world, o->tilings[i].nchunks * o->tilings[i].k,
+      for (int r = 0; r < world; r++) vals[r] = x->dec_val + (size_t)r * (size_t)o->total_sel + o->sel_off[i];
+      int c = distro__robust_clip(vals, x->dropped, world, o->tilings[i].nchunks * o->tilings[i].k,
                                   o->opt.clip_median_multiple);
       clipped = c < 0 ? -1 : clipped + c;
       if (o->opt.update != DISTRO_UPDATE_ADAMW || clipped < 0) continue;
       /* DisTrO-AdamW's step scales, clipped the same way (as 1-element vectors). */
-      for (int r = 0; r < world; r++) vals[r] = o->dec_scales + (size_t)r * (size_t)o->nparams + (size_t)i;
-      c = distro__robust_clip(vals, o->dropped, world, 1, o->opt.clip_median_multiple);
+      for (int r = 0; r < world; r++) vals[r] = x->dec_scales + (size_t)r * (size_t)o->nparams + (size_t)i;
+      c = distro__robust_clip(vals, x->dropped, world, 1, o->opt.clip_median_multiple);
       clipped = c < 0 ? -1 : clipped + c;
     }
     free(vals);

@@ -72,6 +72,9 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
   distro__afile w = {0};
   if (!co || !path || !*path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_save: NULL argument");
   distro_optim *o = (distro_optim *)co; /* prepare() allocates lazily; no observable change */
+  if (distro__overlap_pending(o))
+    return distro__fail(DISTRO_ERR_INVALID,
+                        "distro_optim_save: an exchange is in flight (options.overlap); call distro_optim_flush first");
   DISTRO_CHECK(distro__optim_prepare(o));
   DISTRO_CHECK(distro__afile_open(&w, path));
   distro__afile_write(&w, STATE_MAGIC, 8);
@@ -99,6 +102,9 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   float **fresh = NULL;
   int nfresh = 0;
   if (!o || !path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_load: NULL argument");
+  if (distro__overlap_pending(o))
+    return distro__fail(DISTRO_ERR_INVALID,
+                        "distro_optim_load: an exchange is in flight (options.overlap); call distro_optim_flush first");
   DISTRO_CHECK(distro__optim_prepare(o));
   DISTRO_CHECK(distro__rfile_open(&r, path));
   char magic[8];

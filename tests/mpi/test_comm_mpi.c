@@ -19,6 +19,8 @@
 
 #include <distro/comm.h>
 #include <distro/mpi.h>
+
+#include "comm/comm_internal.h"
 #include <distro/optim.h>
 #include <distro/diloco.h>
 
@@ -231,8 +233,17 @@ static distro_status opt_rank(distro_comm *comm, int rank, void *arg) {
   for (int s = 0; s < OPT_STEPS && st == DISTRO_OK; s++) {
     tu_rng r = {run->seed ^ (uint64_t)(1000 * s + rank + 1)};
     tu_fill_normal(&r, g, opt_total(), 1.0f);
-    st = distro_optim_step(o, 0.01f, NULL);
+    st = distro_optim_step(o, 0.01f * (float)(s + 1), NULL);
+    if (st == DISTRO_OK && run->opt.overlap) {
+      /* The trainer's pattern: its own all-reduce on the same comm while
+       * the exchange runs on the optimizer's helper thread. */
+      float v[2] = {(float)rank, 1.0f};
+      st = distro_comm_allreduce_sum(comm, v, 2);
+      if (st == DISTRO_OK && (v[0] != (float)(comm->size * (comm->size - 1) / 2) || v[1] != (float)comm->size))
+        st = DISTRO_ERR_COMM;
+    }
   }
+  if (st == DISTRO_OK) st = distro_optim_flush(o, NULL);
   if (st == DISTRO_OK) memcpy(run->out + (size_t)rank * opt_total(), p, opt_total() * sizeof *p);
   distro_optim_free(o);
   free(p);
@@ -280,6 +291,67 @@ static int check_optimizer_distro_adamw(check_ctx *t) {
 }
 
 static int check_optimizer_adamw(check_ctx *t) { return check_optimizer(t, distro_options_default(DISTRO_ALG_ADAMW)); }
+
+/* Overlap (a helper thread per rank doing MPI beside the caller's MPI
+ * calls): ranks bit-identical, equal to in-process ranks, and equal to the
+ * blocking step on the same gradients once flushed. */
+static int check_optimizer_overlap(check_ctx *t, distro_update u) {
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.topk = 8;
+  o.update = u;
+  o.overlap = 1;
+  int bad = check_optimizer(t, o);
+  const size_t n = opt_total();
+  opt_run ov = {o, t->seed, calloc((size_t)t->size * n, sizeof(float)), 0};
+  o.overlap = 0;
+  opt_run bl = {o, t->seed, calloc((size_t)t->size * n, sizeof(float)), 0};
+  if (!bad && opt_rank(t->comm, t->rank, &ov) != DISTRO_OK) bad = failf(t, "overlapped run: %s", distro_last_error());
+  if (!bad && opt_rank(t->comm, t->rank, &bl) != DISTRO_OK) bad = failf(t, "blocking run: %s", distro_last_error());
+  if (!bad && memcmp(ov.out + (size_t)t->rank * n, bl.out + (size_t)t->rank * n, n * sizeof(float)))
+    bad = failf(t, "the flushed overlapped run differs from the blocking run");
+  free(ov.out);
+  free(bl.out);
+  return bad;
+}
+static int check_optimizer_overlap_sign(check_ctx *t) { return check_optimizer_overlap(t, DISTRO_UPDATE_SIGN); }
+static int check_optimizer_overlap_adamw(check_ctx *t) { return check_optimizer_overlap(t, DISTRO_UPDATE_ADAMW); }
+
+/* Overlap with a timeout on the caller's comm: the last rank stops after
+ * its first step; the others' third step reports the timeout of the
+ * background exchange instead of hanging. */
+static int check_overlap_timeout(check_ctx *t) {
+  distro_comm *c = NULL;
+  int bad = 0;
+  if (distro_comm_mpi(MPI_COMM_WORLD, &c) != DISTRO_OK) return failf(t, "distro_comm_mpi: %s", distro_last_error());
+  distro_comm_set_timeout(c, 0.3);
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.topk = 8;
+  o.overlap = 1;
+  float p[64 * 64], g[64 * 64];
+  tu_rng r = {t->seed ^ (uint64_t)(9 + t->rank)};
+  tu_fill_normal(&r, p, 64 * 64, 1.0f);
+  tu_fill_normal(&r, g, 64 * 64, 1.0f);
+  const int64_t sh[] = {64, 64};
+  distro_optim *opt = NULL;
+  distro_status st = distro_optim_create(&o, c, &opt);
+  if (st == DISTRO_OK) st = distro_optim_add_param(opt, "w", p, g, 2, sh);
+  if (st == DISTRO_OK) st = distro_optim_step(opt, 0.01f, NULL);
+  if (st != DISTRO_OK) bad = failf(t, "first step: %s", distro_last_error());
+  const int stopped = t->size - 1;
+  if (!bad && t->rank != stopped) {
+    st = distro_optim_step(opt, 0.01f, NULL); /* exchange 1 completes: everyone started it */
+    if (st != DISTRO_OK) bad = failf(t, "second step: %s", distro_last_error());
+    st = bad ? st : distro_optim_step(opt, 0.01f, NULL);
+    if (!bad && st != DISTRO_ERR_TIMEOUT) bad = failf(t, "third step: %s, want a timeout", distro_status_string(st));
+    if (!bad && distro_optim_step(opt, 0.01f, NULL) != DISTRO_ERR_TIMEOUT) bad = failf(t, "a broken exchange was used again");
+  }
+  if (t->rank == stopped) { /* its helper finished exchange 1; it leaves */
+    if (distro_optim_flush(opt, NULL) != DISTRO_OK) bad = failf(t, "flush: %s", distro_last_error());
+  }
+  distro_optim_free(opt); /* the pending collectives are left to MPI */
+  distro_comm_free(c);
+  return bad;
+}
 
 /* ---- DiLoCo across MPI learners ------------------------------------------------ */
 
@@ -426,14 +498,44 @@ static const struct {
     {"optimizer_demo_sign", check_optimizer_demo},
     {"optimizer_distro_adamw_bf16", check_optimizer_distro_adamw},
     {"optimizer_adamw_allreduce", check_optimizer_adamw},
+    {"optimizer_overlap_sign", check_optimizer_overlap_sign},
+    {"optimizer_overlap_distro_adamw", check_optimizer_overlap_adamw},
     {"diloco_learners_mpi_vs_in_process", check_diloco},
     {"sparseloco_learners_mpi_vs_in_process", check_sparseloco},
     {"timeout_collectives_complete", check_timeout_collectives_complete},
     {"timeout_on_stopped_rank", check_timeout_on_stopped_rank},
+    {"overlap_timeout_on_stopped_rank", check_overlap_timeout},
 };
 
+/* Run as DISTRO_TEST_MPI_THREAD=serialized: without MPI_THREAD_MULTIPLE the
+ * first overlapped step fails on every rank with DISTRO_ERR_UNSUPPORTED
+ * naming the need, and nothing moves. */
+static int check_overlap_needs_thread_multiple(check_ctx *t) {
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.overlap = 1;
+  float p[256], p0[256], g[256];
+  for (int i = 0; i < 256; i++) p[i] = p0[i] = g[i] = (float)i;
+  const int64_t sh[] = {16, 16};
+  distro_optim *opt = NULL;
+  int bad = 0;
+  distro_status st = distro_optim_create(&o, t->comm, &opt);
+  if (st == DISTRO_OK) st = distro_optim_add_param(opt, "w", p, g, 2, sh);
+  if (st != DISTRO_OK) bad = failf(t, "set-up: %s", distro_last_error());
+  if (!bad && (st = distro_optim_step(opt, 0.1f, NULL)) != DISTRO_ERR_UNSUPPORTED)
+    bad = failf(t, "step without MPI_THREAD_MULTIPLE: %s, want unsupported", distro_status_string(st));
+  if (!bad && !strstr(distro_last_error(), "MPI_THREAD_MULTIPLE")) bad = failf(t, "message: %s", distro_last_error());
+  if (!bad && memcmp(p, p0, sizeof p)) bad = failf(t, "parameters moved");
+  distro_optim_free(opt);
+  return bad;
+}
+
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  /* Overlap needs MPI_THREAD_MULTIPLE; the second registration (tests/mpi.cmake)
+   * checks what happens without it. */
+  const char *level = getenv("DISTRO_TEST_MPI_THREAD");
+  const int serialized = level && !strcmp(level, "serialized");
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, serialized ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE, &provided);
   check_ctx t = {0};
   MPI_Comm_rank(MPI_COMM_WORLD, &t.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &t.size);
@@ -447,13 +549,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "[rank %d] distro_comm_mpi: %s\n", t.rank, distro_last_error());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
-    int bad = checks[i].fn(&t) != 0;
+  if (!serialized && provided < MPI_THREAD_MULTIPLE && t.rank == 0)
+    printf("note: MPI provides no MPI_THREAD_MULTIPLE; the overlap checks expect their refusal\n");
+  const size_t nchecks = serialized || provided < MPI_THREAD_MULTIPLE ? 1 : sizeof checks / sizeof checks[0];
+  for (size_t i = 0; i < nchecks; i++) {
+    const check_fn fn = serialized || provided < MPI_THREAD_MULTIPLE ? check_overlap_needs_thread_multiple : checks[i].fn;
+    const char *name = serialized || provided < MPI_THREAD_MULTIPLE ? "overlap_needs_thread_multiple" : checks[i].name;
+    int bad = fn(&t) != 0;
     MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (bad) failed++;
     else passed++;
     if (t.rank == 0) {
-      printf("%s %s\n", bad ? "FAIL" : "ok  ", checks[i].name);
+      printf("%s %s\n", bad ? "FAIL" : "ok  ", name);
       fflush(stdout);
     }
   }

@@ -6,38 +6,45 @@
  * untouched. With forge_scale > 0 it instead rewrites the first tensor's
  * DisTrO-AdamW step scale in corrupt_rank's wire v2 payload (ntensors
  * tensors) and reseals its CRC: a valid payload with a forged scale.
+ * A duplicate (the optimizer's background exchanges, options.overlap) wraps
+ * a duplicate of the inner comm and follows the original's settings.
  * Header-only: the test files that use it include it once. */
 #ifndef DISTRO_TESTS_CORRUPT_COMM_H
 #define DISTRO_TESTS_CORRUPT_COMM_H
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
 #include "common/crc32c.h"
 
-typedef struct {
+typedef struct tu_corrupting {
   distro_comm *inner;
   int corrupt_rank, corrupt_self, armed;
   float forge_scale;
   int ntensors;
+  const struct tu_corrupting *cfg; /* a duplicate: the original's settings */
 } tu_corrupting;
 
+static const tu_corrupting *tu_corrupt_cfg(const tu_corrupting *k) { return k->cfg ? k->cfg : k; }
 static int tu_corrupt_hits(const tu_corrupting *k, int self) {
+  k = tu_corrupt_cfg(k);
   return k->armed && k->corrupt_rank >= 0 && (k->corrupt_self || self != k->corrupt_rank);
 }
 static distro_status tu_corrupt_allgather(distro_comm *c, const void *send, size_t bytes, void *recv) {
   tu_corrupting *k = c->impl;
   distro_status st = k->inner->ops->allgather(k->inner, send, bytes, recv);
   if (st == DISTRO_OK && bytes >= 200 && tu_corrupt_hits(k, c->rank))
-    ((uint8_t *)recv)[(size_t)k->corrupt_rank * bytes + bytes / 2] ^= 0x10;
+    ((uint8_t *)recv)[(size_t)tu_corrupt_cfg(k)->corrupt_rank * bytes + bytes / 2] ^= 0x10;
   return st;
 }
 static distro_status tu_corrupt_allgatherv(distro_comm *c, const void *send, size_t bytes, void *recv, size_t slot,
                                            size_t *sizes) {
-  tu_corrupting *k = c->impl;
-  distro_status st = k->inner->ops->allgatherv(k->inner, send, bytes, recv, slot, sizes);
-  if (st != DISTRO_OK || !tu_corrupt_hits(k, c->rank)) return st;
+  const tu_corrupting *w = c->impl;
+  distro_status st = w->inner->ops->allgatherv(w->inner, send, bytes, recv, slot, sizes);
+  if (st != DISTRO_OK || !tu_corrupt_hits(w, c->rank)) return st;
+  const tu_corrupting *k = tu_corrupt_cfg(w);
   uint8_t *b = (uint8_t *)recv + (size_t)k->corrupt_rank * slot;
   const size_t n = sizes[k->corrupt_rank], at = 40 + 40 * (size_t)k->ntensors;
   if (k->forge_scale > 0 && n > at + 8 && (b[7] & 2u)) {
@@ -59,12 +66,40 @@ static distro_status tu_corrupt_barrier(distro_comm *c) {
   tu_corrupting *k = c->impl;
   return k->inner->ops->barrier(k->inner);
 }
+static distro_status tu_corrupt_dup(distro_comm *c, distro_comm **out);
+static void tu_corrupt_destroy(distro_comm *c) {
+  tu_corrupting *k = c->impl;
+  distro_comm_free(k->inner);
+  free(k);
+}
 static const distro__comm_ops tu_corrupt_ops = {"corrupting", tu_corrupt_allgather, tu_corrupt_allgatherv,
-                                                tu_corrupt_allreduce, tu_corrupt_barrier, NULL, 0};
+                                                tu_corrupt_allreduce, tu_corrupt_barrier, NULL, 0, tu_corrupt_dup};
+static const distro__comm_ops tu_corrupt_dup_ops = {"corrupting", tu_corrupt_allgather, tu_corrupt_allgatherv,
+                                                    tu_corrupt_allreduce, tu_corrupt_barrier, tu_corrupt_destroy, 0,
+                                                    NULL};
+static distro_status tu_corrupt_dup(distro_comm *c, distro_comm **out) {
+  tu_corrupting *k = c->impl;
+  distro_comm *inner = NULL;
+  distro_status st = k->inner->ops->dup(k->inner, &inner);
+  if (st != DISTRO_OK) return st;
+  tu_corrupting *d = calloc(1, sizeof *d);
+  distro_comm *w = calloc(1, sizeof *w);
+  if (!d || !w) { /* a test machine out of memory: give up loudly */
+    free(d);
+    free(w);
+    distro_comm_free(inner);
+    return DISTRO_ERR_NOMEM;
+  }
+  d->inner = inner;
+  d->cfg = tu_corrupt_cfg(k);
+  *w = (distro_comm){.ops = &tu_corrupt_dup_ops, .rank = c->rank, .size = c->size, .impl = d};
+  *out = w;
+  return DISTRO_OK;
+}
 
 /* *out becomes the wrapper of k->inner (same rank and size). */
 static inline void tu_corrupting_wrap(tu_corrupting *k, distro_comm *out) {
-  *out = (distro_comm){&tu_corrupt_ops, k->inner->rank, k->inner->size, k, 0, 0};
+  *out = (distro_comm){.ops = &tu_corrupt_ops, .rank = k->inner->rank, .size = k->inner->size, .impl = k};
 }
 
 #endif

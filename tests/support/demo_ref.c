@@ -446,7 +446,12 @@ int dr_run_prepare(dr_run *x, uint64_t seed, double gscale) {
   x->snap = calloc(cells, sizeof(float *));
   x->stats = calloc((size_t)x->steps * x->world, sizeof *x->stats);
   x->lrs = calloc((size_t)x->steps, sizeof(double));
-  if (!x->grads || !x->snap || !x->stats || !x->lrs) return -1;
+  x->final = calloc((size_t)x->world * x->nt, sizeof(float *));
+  if (!x->grads || !x->snap || !x->stats || !x->lrs || !x->final) return -1;
+  for (size_t i = 0; i < (size_t)x->world * x->nt; i++) {
+    x->final[i] = malloc((size_t)dr_shape_numel(x->ndims[i % x->nt], x->shapes[i % x->nt]) * sizeof(float));
+    if (!x->final[i]) return -1;
+  }
   for (int t = 0; t < x->nt; t++) {
     size_t n = (size_t)dr_shape_numel(x->ndims[t], x->shapes[t]);
     x->init[t] = malloc(n * sizeof(float));
@@ -470,6 +475,9 @@ void dr_run_free(dr_run *x) {
   for (size_t i = 0; x->grads && i < cells; i++) free(x->grads[i]);
   for (size_t i = 0; x->snap && i < cells; i++) free(x->snap[i]);
   for (int t = 0; t < x->nt; t++) free(x->init[t]);
+  for (size_t i = 0; x->final && i < (size_t)x->world * x->nt; i++) free(x->final[i]);
+  free(x->final);
+  x->final = NULL;
   free(x->grads); free(x->snap); free(x->stats); free(x->lrs);
   x->grads = x->snap = NULL;
   x->stats = NULL;
@@ -513,21 +521,43 @@ static distro_status dr_rank(distro_comm *c, int rank, void *arg) {
   for (int s = 0; s < x->steps; s++) {
     for (int t = 0; t < x->nt; t++) {
       size_t n = (size_t)dr_shape_numel(x->ndims[t], x->shapes[t]);
-      memcpy(g[t], x->grads[((size_t)s * x->world + rank) * x->nt + t], n * sizeof(float));
+      float *cell = x->grads[((size_t)s * x->world + rank) * x->nt + t];
+      if (x->grad_fn) x->grad_fn(x, s, rank, t, p[t], cell); /* this rank's cell only */
+      memcpy(g[t], cell, n * sizeof(float));
     }
     st = distro_optim_step(o, (float)x->lrs[s], &x->stats[(size_t)s * x->world + rank]);
     if (st) { snprintf(where, sizeof where, "step %d", s + 1); dr_fail(x, rank, where, st); goto done; }
+    if (x->comm_check) { /* the caller's own collective while an exchange may be in flight */
+      float v[3] = {(float)(rank + 1), 1.0f, (float)s};
+      st = distro_comm_allreduce_sum(c, v, 3);
+      if (st) { dr_fail(x, rank, "caller's all-reduce", st); goto done; }
+      if (v[0] != (float)(x->world * (x->world + 1) / 2) || v[1] != (float)x->world || v[2] != (float)(s * x->world)) {
+        st = dr_fail(x, rank, "caller's all-reduce gave wrong sums", DISTRO_ERR_COMM);
+        goto done;
+      }
+    }
+    const int save_here = x->save_fmt && s + 1 == x->save_after;
+    if (save_here && x->opt.overlap) {
+      st = distro_optim_flush(o, NULL);
+      if (st) { dr_fail(x, rank, "flush before save", st); goto done; }
+    }
     for (int t = 0; t < x->nt; t++) {
       size_t n = (size_t)dr_shape_numel(x->ndims[t], x->shapes[t]);
       memcpy(dr_snap(x, s, rank, t), p[t], n * sizeof(float));
     }
-    if (x->save_fmt && s + 1 == x->save_after) {
+    if (save_here) {
       char path[512];
       snprintf(path, sizeof path, x->save_fmt, rank);
       st = distro_optim_save(o, path);
       if (st) { dr_fail(x, rank, "save", st); goto done; }
     }
   }
+  if (x->flush) {
+    st = distro_optim_flush(o, &x->flush_stats[rank]);
+    if (st) { dr_fail(x, rank, "flush", st); goto done; }
+  }
+  for (int t = 0; t < x->nt; t++)
+    memcpy(x->final[rank * x->nt + t], p[t], (size_t)dr_shape_numel(x->ndims[t], x->shapes[t]) * sizeof(float));
   st = distro_optim_payload_bytes(o, &x->payload[rank]);
   if (st) dr_fail(x, rank, "payload_bytes", st);
 done:

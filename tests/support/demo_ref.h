@@ -85,6 +85,11 @@ uint64_t dr_payload_min_bytes(const dr_model *m);
 #define DR_MAX_WORLD 8
 #define DR_MAX_TENSORS 16
 
+struct dr_run;
+/* Fills grad (rank `rank`'s gradient of tensor t for step `step`) from the
+ * parameters as the rank holds them before that step. */
+typedef void (*dr_grad_fn)(const struct dr_run *x, int step, int rank, int t, const float *param, float *grad);
+
 typedef struct dr_run {
   /* inputs */
   distro_options opt;
@@ -98,10 +103,17 @@ typedef struct dr_run {
   double *lrs;                     /* [s], passed to distro_optim_step */
   const char *load_fmt;            /* optional: "%d" = rank; loaded before step 1 */
   const char *save_fmt;            /* optional: saved after step save_after */
-  int save_after;
+  int save_after;                  /* (with overlap: flushed first, before the snapshot) */
+  dr_grad_fn grad_fn;              /* optional: gradients from the parameters; the
+                                      ones used are written back into grads */
+  int flush;                       /* call distro_optim_flush after the last step */
+  int comm_check;                  /* after each step, an all-reduce on the caller's
+                                      comm (the trainer's loss), checked */
   /* outputs */
   float **snap;                    /* params after step s: [(s * world + r) * nt + t] */
   distro_step_stats *stats;        /* [s * world + r] */
+  float **final;                   /* params at the end (after the flush): [r * nt + t] */
+  distro_step_stats flush_stats[DR_MAX_WORLD];
   uint64_t payload[DR_MAX_WORLD];  /* distro_optim_payload_bytes per rank */
   distro_status rank_status[DR_MAX_WORLD];
   char err[DR_MAX_WORLD][256];     /* "where: distro_last_error()" per rank */
