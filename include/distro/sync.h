@@ -187,7 +187,8 @@ typedef struct distro_learner_options {
                                   serve endpoint uses the same keypair */
   double heartbeat_s;          /* 0.2 */
   double timeout_s;            /* syncer silent this long: say hello again (2.0) */
-  double join_timeout_s;       /* distro_learner_start gives up after this (30) */
+  double join_timeout_s;       /* distro_learner_start gives up after this (30); each join step (a
+                                  peer's state, the syncer's) may take a third of it, at least 3 s */
   int keep_local;              /* 1: on arrival theta <- new global + local progress since the
                                   report (no step is discarded); 0: overwrite with the global copy (1) */
   distro_sync_log_fn log;

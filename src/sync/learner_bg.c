@@ -22,8 +22,14 @@
 /* The state endpoint: burst and refill (answers per second). */
 #define SERVE_BURST 2.0
 #define SERVE_RATE 0.5
-/* Seconds a join step (a peer's answer, the syncer's STATE) may take. */
-#define JOIN_STEP_S 3.0
+/* Seconds a join step (a peer's answer, the syncer's STATE) may take: a
+ * third of the learner's join_timeout_s, so a dead peer and then the syncer
+ * both fit in it, but never under 3 s. A fixed 3 s failed every join over
+ * 10 Mbit/s links once the state passed ~3 MB (bench/wan). */
+#define JOIN_STEP_MIN_S 3.0
+static double join_step_s(const distro_learner *l) {
+  return fmax(JOIN_STEP_MIN_S, l->opt.join_timeout_s / 3.0);
+}
 
 typedef struct bg {
   distro_learner *l;
@@ -536,7 +542,7 @@ static void on_syncer_msg(bg *b, distro__sy_frames *fr, double now) {
         set_join(l, J_FAILED, DISTRO_ERR_SHAPE, j);
       } else if (m.a == DISTRO_SYNC_E_NOT_READY && js != J_DONE) {
         b->next_hello = now + 0.2;
-        if (js == J_FETCH) b->t_join_step = now - JOIN_STEP_S + 1.0; /* rate-limited: hello again in 1 s */
+        if (js == J_FETCH) b->t_join_step = now - join_step_s(l) + 1.0; /* rate-limited: hello again in 1 s */
       } else if (m.a == DISTRO_SYNC_E_UNKNOWN && b->has_state) {
         pthread_mutex_lock(&l->mu);
         l->rejoins++;
@@ -701,7 +707,7 @@ void *distro__ln_bg_main(void *arg) {
     flush_out(&b);
     /* Join progress: hello retries, the next peer, the syncer. */
     if ((js == J_HELLO && now >= b.next_hello) || (js == J_SEEDING && now >= b.next_hello + 2.0)) send_hello(&b, now);
-    if (js == J_PEER && now - b.t_join_step > JOIN_STEP_S) {
+    if (js == J_PEER && now - b.t_join_step > join_step_s(l)) {
       if (b.peer_answered) {
         distro__ln_log(l, "fragments merged since the join did not arrive; fetches the state from the syncer");
         start_fetch(&b, now);
@@ -710,7 +716,7 @@ void *distro__ln_bg_main(void *arg) {
         next_peer(&b, now);
       }
     }
-    if (js == J_FETCH && now - b.t_join_step > JOIN_STEP_S) {
+    if (js == J_FETCH && now - b.t_join_step > join_step_s(l)) {
       set_state(l, J_HELLO);
       send_hello(&b, now);
     }
