@@ -10,6 +10,8 @@
 #   bench/quality/run.sh [--build DIR] [--out DIR] [--sizes small,large] [--seeds 1,2,3]
 #                        [--optims adamw,distro,distro-adamw,diloco] [--quick]
 #
+# An optimizer named X-overlap (distro-overlap, distro-adamw-overlap) runs X
+# with --overlap-step, the one-step-stale exchange.
 # small: the demo model (4 layers, width 128, 842,496 parameters), 300 steps.
 # large: 5 layers, width 256, 8 heads (4.03 M parameters, 4.8x), 900 steps (3x).
 # Both: 2 ranks x batch 8 x context 128 (DiLoCo: 4 learners x batch 4, the
@@ -26,7 +28,7 @@ while [ $# -gt 0 ]; do
     --seeds) seeds=$2; shift 2 ;;
     --optims) optims=$2; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quality: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -63,10 +65,12 @@ for size in "${S[@]}"; do
       tag=$size-$opt-s$seed
       start=$(date +%s)
       # DiLoCo's 4 learners split the baseline's 2 ranks x batch 8: the same tokens.
-      extra=""
+      extra="" gopt=$opt
       [ "$opt" = diloco ] && extra="--batch 4"
+      # X-overlap: optimizer X with the one-step-stale exchange (--overlap-step).
+      case "$opt" in *-overlap) gopt=${opt%-overlap} extra="--overlap-step" ;; esac
       # shellcheck disable=SC2086
-      if ! "$gpt" --optim "$opt" --seed "$seed" $flags $extra --print-every 100000 --log "$out/$tag.csv" \
+      if ! "$gpt" --optim "$gopt" --seed "$seed" $flags $extra --print-every 100000 --log "$out/$tag.csv" \
              > "$out/$tag.log" 2>&1; then
         echo "[$k/$total] $tag: FAILED (see $out/$tag.log)"; continue
       fi
