@@ -66,7 +66,10 @@ typedef struct distro_options {
                                   does: step t applies the aggregate of step
                                   t-1 and leaves its own exchange running on a
                                   helper thread, hidden behind the caller's
-                                  next forward/backward. See "Overlap" below. */
+                                  next forward/backward. The delay costs loss:
+                                  +3.6% (DisTrO-AdamW) and +18% (sign) on the
+                                  demo model (docs/design.md "Overlap"). See
+                                  "Overlap" below. */
 } distro_options;
 
 /* Defaults, the same for every algorithm: lr 4e-4, beta 0.9/0.95, eps 1e-8,
