@@ -429,6 +429,15 @@ Test(gpt_errors, bad_flags) {
   expect_error("--syncer ipc:///tmp/x.ipc", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
   expect_error("--optim adamw --step-delay-ms 5", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
   expect_error("--optim distro --serve-endpoint tcp://10.0.0.1:*", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
+  expect_error("--optim adamw --insecure", 2, "are Decoupled DiLoCo settings: add --optim decoupled");
+  expect_error("--optim decoupled --syncer ipc:///tmp/x.ipc --learner-id 0 --sync-timeout 0.1", 2,
+               "--sync-timeout must be a number of seconds in (0.2, 3600]");
+#ifdef SYNC_SYNCER_BIN
+  /* A routable serve endpoint without CURVE or --insecure is refused by the library, naming the choice. */
+  expect_error("--optim decoupled --syncer ipc:///nonexistent/x.ipc --learner-id 0 --serve-endpoint tcp://10.0.0.1:* "
+               "--layers 1 --dim 32 --heads 2 --context 32 --ranks 1 --steps 2",
+               1, "or set insecure");
+#endif
 #ifdef SYNC_SYNCER_BIN
   /* The serve endpoint reaches the library (checked when the learner is created; no syncer needed). */
   expect_error("--optim decoupled --syncer ipc:///nonexistent/x.ipc --learner-id 0 --serve-endpoint bogus://x "

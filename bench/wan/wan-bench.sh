@@ -142,15 +142,22 @@ run_decoupled() { # rate
   wan_rate "$rate"
   l0=$(load) k0=$(wan_tx_sum 0 $nodes_last) t0=$(now)
   rm -f "$out/$name.ep"
+  # The job runs with CURVE, as the syncer requires on a routable address:
+  # fresh keys for the syncer and each learner (their ~40 bytes per message
+  # are in the kernel's count).
+  local keys=$out/$name.keys
+  rm -rf "$keys" && mkdir -m 700 "$keys"
+  for k in syncer 0 1 2 3; do "$syncer" --keygen "$keys/$k" > /dev/null; done
   # shellcheck disable=SC2086
   ip netns exec "$(wan_ns 4)" "$syncer" --endpoint "tcp://$(wan_addr 4):5555" --endpoint-file "$out/$name.ep" \
-    $sync_args > "$out/$name.syncer.log" 2>&1 &
+    --curve-keypair "$keys/syncer" $sync_args > "$out/$name.syncer.log" 2>&1 &
   spid=$!
   for ((i = 0; i < 100; i++)); do [ -s "$out/$name.ep" ] && break; sleep 0.05; done
   for i in 0 1 2 3; do
     # shellcheck disable=SC2086
     timeout -k 20 "${WAN_TIMEOUT:-3600}" ip netns exec "$(wan_ns $i)" "$gpt" $common --ranks 1 --optim decoupled --inner adamw \
       --syncer "tcp://$(wan_addr 4):5555" --learner-id $i --serve-endpoint "tcp://$(wan_addr $i):*" \
+      --curve-server-key "$keys/syncer.pub" --curve-keypair "$keys/$i" --sync-timeout 5 \
       --print-every $print_every --log "$out/$name.l$i.csv" > "$out/$name.out.l$i" 2>&1 &
     pids+=($!)
   done

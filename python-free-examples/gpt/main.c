@@ -106,6 +106,13 @@ static void usage(FILE *f) {
 "  --serve-endpoint EP where peers pull this learner's state when they join\n"
 "                      (tcp://127.0.0.1:*; give a routable address when the learners\n"
 "                      are on different hosts or network namespaces)\n"
+"  --curve-server-key F --curve-keypair F\n"
+"                      CURVE: the syncer's public key file and this learner's keypair\n"
+"                      (distro-syncer --keygen); needed to reach a syncer or serve peers\n"
+"                      on a non-loopback address, unless --insecure\n"
+"  --sync-timeout S    the syncer silent this long: say hello again (2; slow links want more)\n"
+"  --insecure          talk to the syncer and serve peers without CURVE on a routable\n"
+"                      address (a private network only: docs/protocol.md, threat model)\n"
 "  --inner NAME        the inner optimizer over the learner's ranks (adamw)\n"
 "  --step-delay-ms X   sleep X ms after each step (emulates a slower learner)\n"
 "  --time-limit S      stop after S seconds (final validation included)\n"
@@ -224,6 +231,7 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--quiet")) { c.quiet = 1; continue; }
     if (!strcmp(a, "--progress-thread")) { c.diloco.progress_thread = 1; diloco_flags = 1; continue; }
     if (!strcmp(a, "--overlap-step")) { c.overlap_step = 1; continue; }
+    if (!strcmp(a, "--insecure")) { c.insecure = 1; decoupled_flags = 1; continue; }
     static const char *const valued[] = {
         "--data",   "--layers",     "--dim",        "--heads",       "--context", "--optim",      "--lr",
         "--lr-final", "--warmup",   "--clip",       "--wd",          "--beta1",   "--beta2",      "--topk",
@@ -233,7 +241,7 @@ int main(int argc, char **argv) {
         "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
         "--outer-codec", "--outer-block", "--merge", "--syncer", "--learner-id", "--step-delay-ms", "--time-limit",
         "--start-step", "--density", "--sparse-chunk", "--dct", "--ef-beta", "--sparse-values",
-        "--serve-endpoint"};
+        "--serve-endpoint", "--curve-server-key", "--curve-keypair", "--sync-timeout"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(a, valued[k]);
     if (!known) return bad("unknown option '%s'%s", a, "");
@@ -354,6 +362,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--plot")) plot_path = v;
     else if (!strcmp(a, "--syncer")) { c.syncer = v; decoupled_flags = 1; }
     else if (!strcmp(a, "--serve-endpoint")) { c.serve_endpoint = v; decoupled_flags = 1; }
+    else if (!strcmp(a, "--curve-server-key")) { c.curve_server_key = v; decoupled_flags = 1; }
+    else if (!strcmp(a, "--curve-keypair")) { c.curve_keypair = v; decoupled_flags = 1; }
+    else if (!strcmp(a, "--sync-timeout")) {
+      char *end;
+      c.sync_timeout = strtod(v, &end);
+      if (*end || !(c.sync_timeout > 0.2) || c.sync_timeout > 3600)
+        return bad("--sync-timeout must be a number of seconds in (0.2, 3600] (got '%s')%s", v, "");
+      decoupled_flags = 1;
+    }
     else if (!strcmp(a, "--learner-id")) {
       rc = parse_int(a, v, 0, &c.learner_id);
       if (!rc && c.learner_id > 255) return bad("--learner-id must be <= 255%s%s", "", "");
@@ -385,7 +402,8 @@ int main(int argc, char **argv) {
   if (c.stop_after && !c.save_path)
     return bad("--stop-after needs --save (where to continue from)%s%s", "", "");
   if (decoupled_flags && (compare || c.optim != GPT_OPT_DECOUPLED))
-    return bad("--syncer, --learner-id, --serve-endpoint, --step-delay-ms, --time-limit and --start-step are "
+    return bad("--syncer, --learner-id, --serve-endpoint, --curve-*, --insecure, --sync-timeout, --step-delay-ms, --time-limit and "
+               "--start-step are "
                "Decoupled DiLoCo settings: add --optim decoupled%s%s", "", "");
   if (inner_given && !compare && c.optim != GPT_OPT_DILOCO && c.optim != GPT_OPT_DECOUPLED)
     return bad("--inner is a DiLoCo setting: add --optim diloco or --optim decoupled%s%s", "", "");

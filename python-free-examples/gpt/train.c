@@ -342,6 +342,13 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     lo.syncer = c->syncer;
     lo.learner_id = c->learner_id;
     if (c->serve_endpoint) lo.serve_endpoint = c->serve_endpoint;
+    lo.curve_server_key = c->curve_server_key;
+    lo.curve_keypair = c->curve_keypair;
+    lo.insecure = c->insecure;
+    if (c->sync_timeout > 0) {
+      lo.timeout_s = c->sync_timeout;
+      if (lo.join_timeout_s < 10 * lo.timeout_s) lo.join_timeout_s = 10 * lo.timeout_s;
+    }
     lo.comm = comm;
     lo.log = learner_log;
     if (!(scratch = malloc(sizeof(real) * m.nparams))) FAIL("out of memory for the model");

@@ -59,6 +59,9 @@ typedef struct {
   const char *syncer;
   int learner_id;
   const char *serve_endpoint; /* where peers pull this learner's state (NULL: the library's loopback default) */
+  const char *curve_server_key, *curve_keypair; /* CURVE key files (NULL: none) */
+  int insecure;               /* 1: no CURVE on a routable address */
+  double sync_timeout;        /* > 0: the learner's timeout_s (0: the library's default) */
   double step_delay_ms; /* sleep this long after each step (a slower learner) */
   double time_limit;    /* > 0: stop after this many seconds (at a step all ranks agree on) */
   int start_step;       /* begin the schedule here (a learner restarted mid-run) */
