@@ -32,8 +32,6 @@ void distro__dct_basis(int64_t n, float *basis) {
 
 static int dct1_init(distro__dct1 *d, int64_t n);
 static void dct1_destroy(distro__dct1 *d);
-static void fast_encode(const distro__dct_plan *p, const float *x, float *coef);
-static void fast_decode(const distro__dct_plan *p, const float *coef, float *x);
 
 #ifdef DISTRO_HAVE_FFTW
 /* FFTW's planner is process-global and not thread-safe; this lock guards
@@ -317,37 +315,26 @@ void distro__dct_tile_inverse(const distro__dct_plan *p, const float *in, float 
     for (int64_t i = 0; i < h; i++) x[i * ldx] = rows[i];
 }
 
-static void fast_encode(const distro__dct_plan *p, const float *x, float *coef) {
+/* The whole tensor tile by tile through the one-tile functions (a tile's
+ * coefficients are contiguous there, strided in `coef`). */
+static void fast_tiles(const distro__dct_plan *p, const float *src, float *dst, int inverse) {
   const distro__tiling *t = &p->t;
-  const int64_t h = t->h, w = t->w, nw = distro__dct_tile_work(p) + h * w;
+  const int64_t h = t->h, w = t->w, nw = distro__dct_tile_work(p);
 #pragma omp parallel
   {
-    float *work = malloc(sizeof(float) * (size_t)nw);
+    float *work = malloc(sizeof(float) * (size_t)(nw + h * w));
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < t->nchunks; c++) {
       if (!work) continue;
-      const int64_t r0 = (c / t->tiles_c) * h, c0 = (c % t->tiles_c) * w;
-      float *out = work + distro__dct_tile_work(p);
-      distro__dct_tile_forward(p, x + r0 * t->cols + c0, t->cols, out, work);
-      for (int64_t b = 0; b < h; b++) memcpy(coef + (r0 + b) * t->cols + c0, out + b * w, sizeof(float) * (size_t)w);
-    }
-    free(work);
-  }
-}
-
-static void fast_decode(const distro__dct_plan *p, const float *coef, float *x) {
-  const distro__tiling *t = &p->t;
-  const int64_t h = t->h, w = t->w, nw = distro__dct_tile_work(p) + h * w;
-#pragma omp parallel
-  {
-    float *work = malloc(sizeof(float) * (size_t)nw);
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < t->nchunks; c++) {
-      if (!work) continue;
-      const int64_t r0 = (c / t->tiles_c) * h, c0 = (c % t->tiles_c) * w;
-      float *in = work + distro__dct_tile_work(p);
-      for (int64_t b = 0; b < h; b++) memcpy(in + b * w, coef + (r0 + b) * t->cols + c0, sizeof(float) * (size_t)w);
-      distro__dct_tile_inverse(p, in, x + r0 * t->cols + c0, t->cols, work);
+      const int64_t at = (c / t->tiles_c) * h * t->cols + (c % t->tiles_c) * w;
+      float *tile = work + nw;
+      if (inverse) {
+        for (int64_t b = 0; b < h; b++) memcpy(tile + b * w, src + at + b * t->cols, sizeof(float) * (size_t)w);
+        distro__dct_tile_inverse(p, tile, dst + at, t->cols, work);
+      } else {
+        distro__dct_tile_forward(p, src + at, t->cols, tile, work);
+        for (int64_t b = 0; b < h; b++) memcpy(dst + at + b * t->cols, tile + b * w, sizeof(float) * (size_t)w);
+      }
     }
     free(work);
   }
@@ -465,7 +452,7 @@ static void fftw_decode(const distro__dct_plan *p, const float *coef, float *x, 
 void distro__dct_encode_tiles(const distro__dct_plan *p, const float *x, float *coef, float *scratch) {
   switch (p->method) {
     case DISTRO__DCT_GEMM: gemm_encode(p, x, coef, scratch); return;
-    case DISTRO__DCT_FAST: fast_encode(p, x, coef); return;
+    case DISTRO__DCT_FAST: fast_tiles(p, x, coef, 0); return;
     case DISTRO__DCT_NAIVE: naive_apply(p, x, coef, 0); return;
     case DISTRO__DCT_FFTW:
 #ifdef DISTRO_HAVE_FFTW
@@ -478,7 +465,7 @@ void distro__dct_encode_tiles(const distro__dct_plan *p, const float *x, float *
 void distro__dct_decode_tiles(const distro__dct_plan *p, const float *coef, float *x, float *scratch) {
   switch (p->method) {
     case DISTRO__DCT_GEMM: gemm_decode(p, coef, x, scratch); return;
-    case DISTRO__DCT_FAST: fast_decode(p, coef, x); return;
+    case DISTRO__DCT_FAST: fast_tiles(p, coef, x, 1); return;
     case DISTRO__DCT_NAIVE: naive_apply(p, coef, x, 1); return;
     case DISTRO__DCT_FFTW:
 #ifdef DISTRO_HAVE_FFTW

@@ -90,6 +90,20 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *q, int64
   }
 }
 
+// The 256 threads' sums added pairwise in a fixed tree, the block's total
+// written to partials[blockIdx.x]: common/blocksum.h's order. Every thread
+// of the block must call it.
+__device__ void block_sum_to(double acc, double *partials) {
+  __shared__ double lane[256];
+  lane[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = 128; w >= 1; w /= 2) {
+    if (threadIdx.x < w) lane[threadIdx.x] = __dadd_rn(lane[threadIdx.x], lane[threadIdx.x + w]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = lane[0];
+}
+
 // DisTrO-AdamW's input (demo.c, adam_input): u = g / den and the squares of
 // mhat / den summed per block in common/blocksum.h's order, one thread per
 // lane.
@@ -97,7 +111,6 @@ static_assert(DISTRO__SUM_LANES == 256 && DISTRO__SUM_BLOCK % DISTRO__SUM_LANES 
 __global__ void __launch_bounds__(256) adam_input_kernel(const float *g, const float *m, const float *v, float *u,
                                                          int64_t n, float b1, float b2, float eps, float c1, float c2,
                                                          double *partials, int *flags, int slot) {
-  __shared__ double lane[256];
   const float ob1 = __fsub_rn(1.0f, b1), ob2 = __fsub_rn(1.0f, b2);
   const int64_t lo = (int64_t)blockIdx.x * DISTRO__SUM_BLOCK;
   double acc = 0.0;
@@ -114,19 +127,12 @@ __global__ void __launch_bounds__(256) adam_input_kernel(const float *g, const f
     acc = __dadd_rn(acc, __dmul_rn((double)step, (double)step));
     bad |= !isfinite(vj);
   }
-  lane[threadIdx.x] = acc;
-  __syncthreads();
-  for (int w = 128; w >= 1; w /= 2) {
-    if (threadIdx.x < w) lane[threadIdx.x] = __dadd_rn(lane[threadIdx.x], lane[threadIdx.x + w]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = lane[0];
+  block_sum_to(acc, partials);
   if (__syncthreads_or(bad) && threadIdx.x == 0) flags[slot] = 1;
 }
 
 // Sum of q^2 per block, in common/blocksum.h's order (demo.c, distro__sum_squares).
 __global__ void __launch_bounds__(256) sumsq_kernel(const float *q, int64_t n, double *partials) {
-  __shared__ double lane[256];
   const int64_t lo = (int64_t)blockIdx.x * DISTRO__SUM_BLOCK;
   double acc = 0.0;
   for (int r = 0; r < DISTRO__SUM_BLOCK / 256; r++) {
@@ -134,13 +140,7 @@ __global__ void __launch_bounds__(256) sumsq_kernel(const float *q, int64_t n, d
     if (j >= n) break;
     acc = __dadd_rn(acc, __dmul_rn((double)q[j], (double)q[j]));
   }
-  lane[threadIdx.x] = acc;
-  __syncthreads();
-  for (int w = 128; w >= 1; w /= 2) {
-    if (threadIdx.x < w) lane[threadIdx.x] = __dadd_rn(lane[threadIdx.x], lane[threadIdx.x + w]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = lane[0];
+  block_sum_to(acc, partials);
 }
 
 // DisTrO-AdamW's step factor a = lr (rho / RMS(q)), the blocks summed in
