@@ -345,10 +345,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     lo.curve_server_key = c->curve_server_key;
     lo.curve_keypair = c->curve_keypair;
     lo.insecure = c->insecure;
-    if (c->sync_timeout > 0) {
-      lo.timeout_s = c->sync_timeout;
-      if (lo.join_timeout_s < 10 * lo.timeout_s) lo.join_timeout_s = 10 * lo.timeout_s;
-    }
+    if (c->sync_timeout > 0) lo.timeout_s = c->sync_timeout;
     lo.comm = comm;
     lo.log = learner_log;
     if (!(scratch = malloc(sizeof(real) * m.nparams))) FAIL("out of memory for the model");
