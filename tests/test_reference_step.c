@@ -224,17 +224,11 @@ Test(reference_step, sign_f32_wire_v1, .timeout = 120) {
   sweep("sign/f32/wire-v1", o, 0.01, 2, 3, 3);
 }
 
-/* DisTrO-AdamW's payload carries a step scale per tensor: wire v2 only. */
-Test(reference_step, adamw_update_needs_wire_v2) {
+/* DisTrO-AdamW's payload is DeMo's: wire v1 carries it too. */
+Test(reference_step, adamw_update_bf16_wire_v1) {
   distro_options o = demo_opts(DISTRO_UPDATE_ADAMW, DISTRO_VALUES_BF16);
   o.wire_version = 1;
-  distro_comm *c;
-  distro_optim *opt = NULL;
-  cr_assert_eq(distro_comm_local_group(1, &c), DISTRO_OK);
-  cr_expect_eq(distro_optim_create(&o, c, &opt), DISTRO_ERR_INVALID);
-  cr_expect(strstr(distro_last_error(), "wire_version 2") != NULL, "%s", distro_last_error());
-  cr_expect_null(opt);
-  distro_comm_free(c);
+  sweep("adamw-update/bf16/wire-v1", o, 1e-3, 2, 3, 2);
 }
 
 /* Psyche-like settings: smaller chunk target, few coefficients, 0.995. */

@@ -8,7 +8,11 @@
 # validation curves. A benchmark, not a test: it asserts nothing.
 #
 #   bench/quality/run.sh [--build DIR] [--out DIR] [--sizes small,large] [--seeds 1,2,3]
-#                        [--optims adamw,distro,distro-adamw,diloco] [--quick]
+#                        [--optims adamw,distro,distro-adamw,diloco] [--quick] [--report]
+#
+# --report runs nothing: it prints the table and redraws the plot from the
+# results.tsv and CSVs already in --out (e.g. after rerunning one optimizer
+# into a copy of an earlier run's directory and replacing its lines there).
 #
 # An optimizer named X-overlap (distro-overlap, distro-adamw-overlap) runs X
 # with --overlap-step, the one-step-stale exchange.
@@ -20,7 +24,7 @@
 # ones ~35 s each, the large ones ~6-6.5 min); 1 h 51 min when shared.
 set -euo pipefail
 
-build=build out= sizes=small,large seeds=1,2,3 optims=adamw,distro,distro-adamw,diloco quick=0
+build=build out= sizes=small,large seeds=1,2,3 optims=adamw,distro,distro-adamw,diloco quick=0 report=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -29,16 +33,21 @@ while [ $# -gt 0 ]; do
     --seeds) seeds=$2; shift 2 ;;
     --optims) optims=$2; shift 2 ;;
     --quick) quick=1; shift ;;
+    --report) report=1; shift ;;
     -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quality: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 gpt=$build/python-free-examples/gpt/gpt-train
-[ -x "$gpt" ] || { echo "quality: $gpt not built (make build)" >&2; exit 1; }
+[ "$report" = 1 ] || [ -x "$gpt" ] || { echo "quality: $gpt not built (make build)" >&2; exit 1; }
 out=${out:-$build/quality}
 mkdir -p "$out"
 results=$out/results.tsv
-: > "$results"
+if [ "$report" = 1 ]; then
+  [ -s "$results" ] || { echo "quality: --report: no $results" >&2; exit 1; }
+else
+  : > "$results"
+fi
 
 # size -> trainer flags, steps, evaluation interval, and the lr of AdamW at
 # that size, which every optimizer's row uses: the trainer's default 0.004 at
@@ -56,8 +65,9 @@ IFS=, read -r -a S <<< "$sizes"
 IFS=, read -r -a O <<< "$optims"
 IFS=, read -r -a D <<< "$seeds"
 total=$(( ${#S[@]} * ${#O[@]} * ${#D[@]} )) k=0 t0=$(date +%s)
+[ "$report" = 1 ] && S_RUN=() || S_RUN=("${S[@]}")
 echo "== bench/quality: sizes ${sizes}, optimizers ${optims}, seeds ${seeds}; $(nproc) cores; $(date -u '+%F %T') UTC"
-for size in "${S[@]}"; do
+for size in "${S_RUN[@]}"; do
   flags=$(size_flags "$size")
   [ "$quick" = 1 ] && flags="$flags --steps 30 --eval-every 10"
   for opt in "${O[@]}"; do

@@ -18,11 +18,11 @@ typedef enum {
 
 typedef enum {
   DISTRO_UPDATE_SIGN,  /* DeMo reference: momentum of lr * g; p -= lr * sign(Q) */
-  DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: each rank's AdamW moments (its own,
-                          never exchanged) normalize its gradient before the
-                          compression and set the step size: p -= lr (rho /
-                          RMS(Q)) Q, rho the mean over ranks of the RMS of
-                          AdamW's step (docs/design.md) */
+  DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: each rank's AdamW second moment (its
+                          own, never exchanged) normalizes its gradient
+                          before the compression; p -= 0.7 lr sign(Q)
+                          (docs/design.md). beta1 is unused: the compressed
+                          momentum is the update's momentum. */
 } distro_update;
 
 typedef enum {
@@ -59,8 +59,7 @@ typedef struct distro_options {
                                   so the process's BLAS threading is moot. */
   float clip_median_multiple;  /* > 0: scale each peer's values of a tensor
                                   down to this multiple of the median norm
-                                  across peers (DisTrO-AdamW: each peer's
-                                  step scale of a tensor too) */
+                                  across peers */
   int overlap;                 /* DeMo only. 0 (default): each step waits for
                                   its all-gather. 1: one-step-stale, as Psyche
                                   does: step t applies the aggregate of step

@@ -14,7 +14,6 @@
 extern "C" {
 #endif
 
-#include "common/blocksum.h"
 #include "common/error.h"
 #include "compress/chunk.h"
 
@@ -107,20 +106,13 @@ cudaError_t distro__cuda_sign_update(cudaStream_t s, float *p, const float *q, f
 cudaError_t distro__cuda_adamw_update(cudaStream_t s, float *p, float *m, float *v, const float *q, int64_t n,
                                       float q_scale, float b1, float b2, float eps, float lr, float shrink, float c1,
                                       float c2);
+/* DisTrO-AdamW (demo.c's adam_tile and apply, same bits): u = g / (sqrt(v'/c2)
+ * + eps) with v' = b2 v + (1 - b2) g^2, flags[slot] set if v' is not
+ * finite; then v <- v' once the step commits. */
+cudaError_t distro__cuda_adam_input(cudaStream_t s, const float *g, const float *v, float *u, int64_t n, float b2,
+                                    float eps, float c2, int *flags, int slot);
+cudaError_t distro__cuda_adam_commit(cudaStream_t s, float *v, const float *g, int64_t n, float b2);
 /* out = bf16(x), round to nearest even. */
-/* DisTrO-AdamW (demo.c's adam_input / adam_commit, same bits): u = g / den
- * and per block of DISTRO__SUM_BLOCK elements the sum of (mhat / den)^2 in
- * partials[b]; flags[slot] set if a moment is not finite. Then the moments
- * stored once the step commits. */
-cudaError_t distro__cuda_adam_input(cudaStream_t s, const float *g, const float *m, const float *v, float *u, int64_t n,
-                                    float b1, float b2, float eps, float c1, float c2, double *partials, int *flags,
-                                    int slot);
-/* p = p shrink - a q with a = lr (rho / RMS(q)) (demo.c's DisTrO-AdamW
- * update, same bits); partials holds n / DISTRO__SUM_BLOCK + 1 doubles and
- * a one float, both on the device. */
-cudaError_t distro__cuda_scaled_update(cudaStream_t s, float *p, const float *q, int64_t n, float lr, float rho,
-                                       float shrink, double *partials, float *a);
-cudaError_t distro__cuda_adam_commit(cudaStream_t s, float *m, float *v, const float *g, int64_t n, float b1, float b2);
 cudaError_t distro__cuda_to_bf16(cudaStream_t s, const float *x, uint16_t *out, int64_t n);
 
 #ifdef __cplusplus

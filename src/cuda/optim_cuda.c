@@ -57,9 +57,6 @@ struct distro_cuda_optim {
   int nccl;                        /* comm is NCCL: device buffers go to it directly */
   float *scratch_a, *scratch_b;    /* max_numel each */
   float *d_u;                      /* DisTrO-AdamW: the normalized gradient (max_numel) */
-  double *d_partials, *h_partials; /* DisTrO-AdamW: block sums of every tensor's step^2 */
-  int64_t *block_off;              /* per tensor: its first block in the partials */
-  float *d_amp;                    /* DisTrO-AdamW: the step factor of the tensor being updated */
   int *counts;                     /* max_numel */
   cudaEvent_t ev[EV_COUNT];
   int have_events;
@@ -177,14 +174,7 @@ static void free_device_state(distro_cuda_optim *o) {
   cudaFree(o->scratch_a);
   cudaFree(o->scratch_b);
   cudaFree(o->d_u);
-  cudaFree(o->d_amp);
-  o->d_amp = NULL;
-  cudaFree(o->d_partials);
-  cudaFreeHost(o->h_partials);
-  free(o->block_off);
   o->d_u = NULL;
-  o->d_partials = o->h_partials = NULL;
-  o->block_off = NULL;
   cudaFree(o->counts);
   o->d_sel_idx = o->h_sel_idx = o->d_dec_idx = NULL;
   o->d_sel_val = o->h_sel_val = o->d_dec_val = o->scratch_a = o->scratch_b = NULL;
@@ -258,8 +248,8 @@ static distro_status prepare(distro_cuda_optim *o) {
     h->tilings[i] = hp->tiling;
     if (hp->numel > h->max_numel) h->max_numel = hp->numel;
     h->total_numel += hp->numel;
-    if (adam) {
-      DISTRO_CHECK(zeroed((void **)&p->m, bytes));
+    if (adam) { /* DisTrO-AdamW keeps the second moment only */
+      if (!demo) DISTRO_CHECK(zeroed((void **)&p->m, bytes));
       DISTRO_CHECK(zeroed((void **)&p->v, bytes));
     }
     if (!demo) continue;
@@ -307,18 +297,8 @@ static distro_status prepare(distro_cuda_optim *o) {
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->scratch_a, sizeof(float) * (size_t)h->max_numel));
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->scratch_b, sizeof(float) * (size_t)h->max_numel));
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->counts, sizeof(int) * (size_t)h->max_numel));
-  if (h->opt.update == DISTRO_UPDATE_ADAMW) {
-    o->block_off = malloc(sizeof(int64_t) * (size_t)(h->nparams + 1));
-    if (!o->block_off) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-    o->block_off[0] = 0;
-    for (int i = 0; i < h->nparams; i++)
-      o->block_off[i + 1] = o->block_off[i] + (h->params[i].numel + DISTRO__SUM_BLOCK - 1) / DISTRO__SUM_BLOCK;
-    const size_t nb = (size_t)o->block_off[h->nparams];
+  if (h->opt.update == DISTRO_UPDATE_ADAMW)
     DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_u, sizeof(float) * (size_t)h->max_numel));
-    DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_partials, sizeof(double) * (nb ? nb : 1)));
-    DISTRO_CUDA_TRY(cudaMallocHost((void **)&o->h_partials, sizeof(double) * (nb ? nb : 1)));
-    DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_amp, sizeof(float)));
-  }
   /* Page-locking the decoded arrays only speeds up their upload. */
   if (all && cudaHostRegister(h->dec_idx, sizeof(uint32_t) * all, cudaHostRegisterDefault) == cudaSuccess) {
     if (cudaHostRegister(h->dec_val, sizeof(float) * all, cudaHostRegisterDefault) == cudaSuccess)
@@ -355,7 +335,6 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   const float scale = sign_update ? lr : 1.0f, decay = h->opt.compression_decay;
   const size_t sel = (size_t)h->total_sel;
   const int64_t t = h->step + 1;
-  const float c1 = (float)(1.0 - pow((double)h->opt.beta1, (double)t));
   const float c2 = (float)(1.0 - pow((double)h->opt.beta2, (double)t));
 
   /* 1. Non-finite check, forward DCT and momentum into the staged buffer. */
@@ -367,8 +346,7 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
     DISTRO_CUDA_TRY(distro__cuda_nonfinite(S, p->grad, n, o->d_flags, i));
     const float *x = p->grad; /* DisTrO-AdamW: the normalized gradient (demo.c) */
     if (!sign_update) {
-      DISTRO_CUDA_TRY(distro__cuda_adam_input(S, p->grad, p->m, p->v, o->d_u, n, h->opt.beta1, h->opt.beta2,
-                                              h->opt.eps, c1, c2, o->d_partials + o->block_off[i], o->d_flags, i));
+      DISTRO_CUDA_TRY(distro__cuda_adam_input(S, p->grad, p->v, o->d_u, n, h->opt.beta2, h->opt.eps, c2, o->d_flags, i));
       x = o->d_u;
     }
     if (p->use_fft)
@@ -385,18 +363,8 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_sel_idx, o->d_sel_idx, sizeof(uint32_t) * sel, cudaMemcpyDeviceToHost, S));
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_sel_val, o->d_sel_val, sizeof(float) * sel, cudaMemcpyDeviceToHost, S));
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_flags, o->d_flags, sizeof(int) * (size_t)h->nparams, cudaMemcpyDeviceToHost, S));
-  if (!sign_update)
-    DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_partials, o->d_partials, sizeof(double) * (size_t)o->block_off[h->nparams],
-                                    cudaMemcpyDeviceToHost, S));
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_SELECTED], S));
   DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
-  /* DisTrO-AdamW: each tensor's step scale, the blocks summed in order. */
-  for (int i = 0; !sign_update && i < h->nparams; i++) {
-    double sum = 0;
-    for (int64_t b = o->block_off[i]; b < o->block_off[i + 1]; b++) sum += o->h_partials[b];
-    const int64_t n = h->params[i].numel;
-    h->scales[i] = (float)sqrt(sum / (double)(n ? n : 1));
-  }
 
   /* 3. Encode, exchange, validate and decode: the CPU path's code. */
   int bad = -1;
@@ -432,10 +400,9 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
       DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
     if (sign_update) {
       DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, lr, shrink, n));
-    } else { /* demo.c: p -= lr (rho / RMS(Q)) Q, then the moments */
-      DISTRO_CUDA_TRY(distro__cuda_scaled_update(S, p->param, q, n, lr, distro__mean_scale(h, i), shrink,
-                                                 o->d_partials + o->block_off[i], o->d_amp));
-      DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->m, p->v, p->grad, n, h->opt.beta1, h->opt.beta2));
+    } else { /* demo.c: p -= 0.7 lr sign(Q), then the second moment */
+      DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, DISTRO__ADAMW_SIGN_STEP * lr, shrink, n));
+      DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->v, p->grad, n, h->opt.beta2));
     }
     if (p->bf16) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, n));
   }
@@ -572,7 +539,8 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
 /* ---- save / load -------------------------------------------------------------- */
 
 /* The state arrays of a tensor, in the order of the state file
- * (src/optim/state_io.c): DeMo momentum, then AdamW m and v. */
+ * (src/optim/state_io.c): DeMo momentum and DisTrO-AdamW's v, or the
+ * baseline's m and v. */
 static int state_arrays(const distro_options *opt, cuda_param *p, distro__param *hp, float **dev[3], float **host[3]) {
   int n = 0;
   if (opt->algorithm == DISTRO_ALG_DEMO) {
@@ -580,8 +548,10 @@ static int state_arrays(const distro_options *opt, cuda_param *p, distro__param 
     host[n++] = &hp->mom;
   }
   if (distro__uses_adam(opt)) {
-    dev[n] = &p->m;
-    host[n++] = &hp->m;
+    if (opt->algorithm != DISTRO_ALG_DEMO) {
+      dev[n] = &p->m;
+      host[n++] = &hp->m;
+    }
     dev[n] = &p->v;
     host[n++] = &hp->v;
   }

@@ -90,80 +90,24 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *q, int64
   }
 }
 
-// The 256 threads' sums added pairwise in a fixed tree, the block's total
-// written to partials[blockIdx.x]: common/blocksum.h's order. Every thread
-// of the block must call it.
-__device__ void block_sum_to(double acc, double *partials) {
-  __shared__ double lane[256];
-  lane[threadIdx.x] = acc;
-  __syncthreads();
-  for (int w = 128; w >= 1; w /= 2) {
-    if (threadIdx.x < w) lane[threadIdx.x] = __dadd_rn(lane[threadIdx.x], lane[threadIdx.x + w]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = lane[0];
-}
-
-// DisTrO-AdamW's input (demo.c, adam_input): u = g / den and the squares of
-// mhat / den summed per block in common/blocksum.h's order, one thread per
-// lane.
-static_assert(DISTRO__SUM_LANES == 256 && DISTRO__SUM_BLOCK % DISTRO__SUM_LANES == 0, "one 256-thread block per sum block");
-__global__ void __launch_bounds__(256) adam_input_kernel(const float *g, const float *m, const float *v, float *u,
-                                                         int64_t n, float b1, float b2, float eps, float c1, float c2,
-                                                         double *partials, int *flags, int slot) {
-  const float ob1 = __fsub_rn(1.0f, b1), ob2 = __fsub_rn(1.0f, b2);
-  const int64_t lo = (int64_t)blockIdx.x * DISTRO__SUM_BLOCK;
-  double acc = 0.0;
+// DisTrO-AdamW's input (demo.c, adam_tile): u = g / (sqrt(v'/c2) + eps),
+// v' the second moment after this step; flags[slot] set if v' is not finite.
+__global__ void adam_input_kernel(const float *g, const float *v, float *u, int64_t n, float b2, float eps, float c2,
+                                  int *flags, int slot) {
+  const float ob2 = __fsub_rn(1.0f, b2);
   int bad = 0;
-  for (int r = 0; r < DISTRO__SUM_BLOCK / 256; r++) {
-    const int64_t j = lo + (int64_t)r * 256 + threadIdx.x;
-    if (j >= n) break;
-    const float gj = g[j];
-    const float mj = __fadd_rn(__fmul_rn(b1, m[j]), __fmul_rn(ob1, gj));
-    const float vj = __fadd_rn(__fmul_rn(b2, v[j]), __fmul_rn(__fmul_rn(ob2, gj), gj));
-    const float den = __fadd_rn(__fsqrt_rn(__fdiv_rn(vj, c2)), eps);
-    const float step = __fdiv_rn(__fdiv_rn(mj, c1), den);
-    u[j] = __fdiv_rn(gj, den);
-    acc = __dadd_rn(acc, __dmul_rn((double)step, (double)step));
-    bad |= !isfinite(vj);
-  }
-  block_sum_to(acc, partials);
-  if (__syncthreads_or(bad) && threadIdx.x == 0) flags[slot] = 1;
-}
-
-// Sum of q^2 per block, in common/blocksum.h's order (demo.c, distro__sum_squares).
-__global__ void __launch_bounds__(256) sumsq_kernel(const float *q, int64_t n, double *partials) {
-  const int64_t lo = (int64_t)blockIdx.x * DISTRO__SUM_BLOCK;
-  double acc = 0.0;
-  for (int r = 0; r < DISTRO__SUM_BLOCK / 256; r++) {
-    const int64_t j = lo + (int64_t)r * 256 + threadIdx.x;
-    if (j >= n) break;
-    acc = __dadd_rn(acc, __dmul_rn((double)q[j], (double)q[j]));
-  }
-  block_sum_to(acc, partials);
-}
-
-// DisTrO-AdamW's step factor a = lr (rho / RMS(q)), the blocks summed in
-// order by one thread, as demo.c does on the host.
-__global__ void amplitude_kernel(const double *partials, int64_t nb, int64_t n, float lr, float rho, float *a) {
-  double s = 0.0;
-  for (int64_t b = 0; b < nb; b++) s = __dadd_rn(s, partials[b]);
-  const float rms = (float)sqrt(s / (double)n);
-  *a = rms > 0.0f ? __fmul_rn(lr, __fdiv_rn(rho, rms)) : 0.0f;
-}
-
-__global__ void scaled_update_kernel(float *p, const float *q, const float *a, float shrink, int64_t n) {
-  const float s = *a;
-  GRID_STRIDE(j, n) p[j] = __fsub_rn(__fmul_rn(p[j], shrink), __fmul_rn(s, q[j]));
-}
-
-__global__ void moments_kernel(float *m, float *v, const float *g, int64_t n, float b1, float b2) {
-  const float ob1 = __fsub_rn(1.0f, b1), ob2 = __fsub_rn(1.0f, b2);
   GRID_STRIDE(j, n) {
     const float gj = g[j];
-    m[j] = __fadd_rn(__fmul_rn(b1, m[j]), __fmul_rn(ob1, gj));
-    v[j] = __fadd_rn(__fmul_rn(b2, v[j]), __fmul_rn(__fmul_rn(ob2, gj), gj));
+    const float vj = __fadd_rn(__fmul_rn(b2, v[j]), __fmul_rn(__fmul_rn(ob2, gj), gj));
+    u[j] = __fdiv_rn(gj, __fadd_rn(__fsqrt_rn(__fdiv_rn(vj, c2)), eps));
+    bad |= !isfinite(vj);
   }
+  if (bad) flags[slot] = 1;
+}
+
+__global__ void second_moment_kernel(float *v, const float *g, int64_t n, float b2) {
+  const float ob2 = __fsub_rn(1.0f, b2);
+  GRID_STRIDE(j, n) v[j] = __fadd_rn(__fmul_rn(b2, v[j]), __fmul_rn(__fmul_rn(ob2, g[j]), g[j]));
 }
 
 __global__ void bf16_kernel(const float *x, uint16_t *out, int64_t n) {
@@ -223,28 +167,16 @@ extern "C" cudaError_t distro__cuda_to_bf16(cudaStream_t s, const float *x, uint
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t distro__cuda_adam_input(cudaStream_t s, const float *g, const float *m, const float *v, float *u,
-                                               int64_t n, float b1, float b2, float eps, float c1, float c2,
-                                               double *partials, int *flags, int slot) {
+extern "C" cudaError_t distro__cuda_adam_input(cudaStream_t s, const float *g, const float *v, float *u, int64_t n,
+                                               float b2, float eps, float c2, int *flags, int slot) {
   if (n == 0) return cudaSuccess;
-  const int64_t blocks = (n + DISTRO__SUM_BLOCK - 1) / DISTRO__SUM_BLOCK;
-  adam_input_kernel<<<(unsigned)blocks, 256, 0, s>>>(g, m, v, u, n, b1, b2, eps, c1, c2, partials, flags, slot);
+  adam_input_kernel<<<grid_for(n), kThreads, 0, s>>>(g, v, u, n, b2, eps, c2, flags, slot);
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t distro__cuda_adam_commit(cudaStream_t s, float *m, float *v, const float *g, int64_t n, float b1,
-                                                float b2) {
+extern "C" cudaError_t distro__cuda_adam_commit(cudaStream_t s, float *v, const float *g, int64_t n, float b2) {
   if (n == 0) return cudaSuccess;
-  moments_kernel<<<grid_for(n), kThreads, 0, s>>>(m, v, g, n, b1, b2);
+  second_moment_kernel<<<grid_for(n), kThreads, 0, s>>>(v, g, n, b2);
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t distro__cuda_scaled_update(cudaStream_t s, float *p, const float *q, int64_t n, float lr,
-                                                  float rho, float shrink, double *partials, float *a) {
-  if (n == 0) return cudaSuccess;
-  const int64_t blocks = (n + DISTRO__SUM_BLOCK - 1) / DISTRO__SUM_BLOCK;
-  sumsq_kernel<<<(unsigned)blocks, 256, 0, s>>>(q, n, partials);
-  amplitude_kernel<<<1, 1, 0, s>>>(partials, blocks, n, lr, rho, a);
-  scaled_update_kernel<<<grid_for(n), kThreads, 0, s>>>(p, q, a, shrink, n);
-  return cudaGetLastError();
-}

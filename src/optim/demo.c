@@ -11,8 +11,8 @@
  * transform, the momentum blend, the selection and the removal of what was
  * selected touch the gradient and the momentum once; the aggregation, the
  * inverse transform and the update touch the parameters once. Work per tile
- * is independent and sums run in a fixed order (common/blocksum.h), so the
- * result does not depend on the thread count. */
+ * is independent (no sums across tiles), so the result does not depend on
+ * the thread count. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -68,18 +68,6 @@ static int tile_tensor(const distro_optim *o, int64_t g, int64_t *c) {
   return lo;
 }
 
-/* Sum of squares of an h x w tile (row stride ld) in common/blocksum.h's
- * order: element e = b*w + d goes to lane e % 256, lanes folded pairwise. */
-static double tile_sum_squares(const float *x, int64_t ld, int64_t h, int64_t w) {
-  double lane[DISTRO__SUM_LANES] = {0};
-  int64_t e = 0;
-  for (int64_t b = 0; b < h; b++)
-    for (int64_t d = 0; d < w; d++, e++) lane[e % DISTRO__SUM_LANES] += (double)x[b * ld + d] * (double)x[b * ld + d];
-  for (int l = DISTRO__SUM_LANES / 2; l >= 1; l /= 2)
-    for (int j = 0; j < l; j++) lane[j] += lane[j + l];
-  return lane[0];
-}
-
 /* Asks for tile g's rows of the arrays in `what` ahead of their use: the
  * rows of a tile lie a tensor row apart, a pattern the hardware prefetchers
  * pick up late. */
@@ -98,10 +86,7 @@ static void prefetch_tile(const distro_optim *o, int64_t g, int what) {
       if (what & PF_MOM) __builtin_prefetch(p->mom + at, 0, 3);
       if (what & PF_NEXT) __builtin_prefetch(p->mom_next + at, 1, 3);
       if (what & PF_PARAM) __builtin_prefetch(p->param + at, 1, 3);
-      if (what & PF_ADAM) {
-        __builtin_prefetch(p->m + at, 1, 3);
-        __builtin_prefetch(p->v + at, 1, 3);
-      }
+      if (what & PF_ADAM) __builtin_prefetch(p->v + at, 1, 3);
     }
 }
 
@@ -113,41 +98,29 @@ static double seconds_between(double *t) {
 
 /* ---- phase 1: compress ----------------------------------------------------
  *
- * DisTrO-AdamW's input comes from this rank's own AdamW moments (docs/design.md):
- * u = g / (sqrt(vhat') + eps), the gradient normalized by the second moment
- * it would have after this step (v' = b2 v + (1 - b2) g^2, not stored: the
- * step may still fail), and the squares of the step AdamW would take here,
- * mhat' / (sqrt(vhat') + eps), summed per tile. With overlap the gradient
- * is gone when the step commits, so m' and v' are staged in m_next, v_next;
- * otherwise the apply phase recomputes them (no staging memory). */
-static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off, float *u, double *sum) {
+ * DisTrO-AdamW's input is this rank's gradient normalized by its own AdamW
+ * second moment (docs/design.md): u = g / (sqrt(vhat') + eps), with v' =
+ * b2 v + (1 - b2) g^2 the moment it has after this step (not stored: the
+ * step may still fail). With overlap the gradient is gone when the step
+ * commits, so v' is staged in v_next; otherwise the apply phase recomputes
+ * it (no staging memory). There is no first moment: the compressed momentum
+ * is the update's momentum. */
+static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off, float *u) {
   const distro__tiling *t = &p->tiling;
-  const int64_t tt = o->step + 1;
-  const float b1 = o->opt.beta1, b2 = o->opt.beta2, eps = o->opt.eps;
-  const float c1 = (float)(1.0 - pow((double)b1, (double)tt)), c2 = (float)(1.0 - pow((double)b2, (double)tt));
-  double lane[DISTRO__SUM_LANES] = {0};
+  const float b2 = o->opt.beta2, eps = o->opt.eps;
+  const float c2 = (float)(1.0 - pow((double)b2, (double)(o->step + 1)));
   int bad = 0;
   int64_t e = 0;
   for (int64_t b = 0; b < t->h; b++) {
-    const float *g = p->grad + off + b * t->cols, *m = p->m + off + b * t->cols, *v = p->v + off + b * t->cols;
-    float *mn = p->m_next ? p->m_next + off + b * t->cols : NULL, *vn = p->m_next ? p->v_next + off + b * t->cols : NULL;
+    const float *g = p->grad + off + b * t->cols, *v = p->v + off + b * t->cols;
+    float *vn = p->v_next ? p->v_next + off + b * t->cols : NULL;
     for (int64_t d = 0; d < t->w; d++, e++) {
-      const float mj = b1 * m[d] + (1.0f - b1) * g[d];
       const float vj = b2 * v[d] + (1.0f - b2) * g[d] * g[d];
-      const float den = sqrtf(vj / c2) + eps;
-      const float step = (mj / c1) / den;
-      u[e] = g[d] / den;
-      lane[e % DISTRO__SUM_LANES] += (double)step * (double)step;
+      u[e] = g[d] / (sqrtf(vj / c2) + eps);
       bad |= !isfinite(vj);
-      if (mn) {
-        mn[d] = mj;
-        vn[d] = vj;
-      }
+      if (vn) vn[d] = vj;
     }
   }
-  for (int l = DISTRO__SUM_LANES / 2; l >= 1; l /= 2)
-    for (int j = 0; j < l; j++) lane[j] += lane[j + l];
-  *sum = lane[0];
   return !bad;
 }
 
@@ -168,13 +141,8 @@ static uint32_t blend_row(float *restrict next, const float *restrict mom, const
 }
 
 DISTRO__CLONES
-static void sign_row(float *restrict p, const float *restrict q, float shrink, float lr, int64_t w) {
-  for (int64_t d = 0; d < w; d++) p[d] = p[d] * shrink - lr * (float)((q[d] > 0) - (q[d] < 0));
-}
-
-DISTRO__CLONES
-static void scaled_row(float *restrict p, const float *restrict q, float shrink, float a, int64_t w) {
-  for (int64_t d = 0; d < w; d++) p[d] = p[d] * shrink - a * q[d];
+static void sign_row(float *restrict p, const float *restrict q, float shrink, float step, int64_t w) {
+  for (int64_t d = 0; d < w; d++) p[d] = p[d] * shrink - step * (float)((q[d] > 0) - (q[d] < 0));
 }
 
 /* Tile c of tensor i: mom_next = decay*mom + s*DCT(x), select, remove the
@@ -183,7 +151,7 @@ static void scaled_row(float *restrict p, const float *restrict q, float shrink,
  * gradient reaches every coefficient of its tile through the transform, so
  * this check replaces a scan of the gradient (and also catches a momentum
  * that overflowed). */
-static int compress_tile(distro_optim *o, int i, int64_t c, float s, double *sum, tile_ws *ws) {
+static int compress_tile(distro_optim *o, int i, int64_t c, float s, tile_ws *ws) {
   distro__param *p = &o->params[i];
   const distro__tiling *t = &p->tiling;
   const int64_t h = t->h, w = t->w, k = t->k, cols = t->cols;
@@ -192,7 +160,7 @@ static int compress_tile(distro_optim *o, int i, int64_t c, float s, double *sum
   const float *x = p->grad + off;
   int64_t ld = cols;
   if (o->opt.update == DISTRO_UPDATE_ADAMW) {
-    if (!adam_tile(o, p, off, ws->b, sum)) return 0;
+    if (!adam_tile(o, p, off, ws->b)) return 0;
     x = ws->b;
     ld = w;
   }
@@ -242,11 +210,10 @@ static void aggregate_tile(const distro_optim *o, int i, int64_t c, float *coef,
   }
 }
 
-/* Tile c of tensor i: Q = inverse DCT of the aggregate; the sign update
- * p = p (1 - lr wd) - lr sign(Q), or DisTrO-AdamW's p = p (1 - lr wd) - a Q
- * (a from the whole tensor, computed before) and, unless they were staged,
- * this step's moments. */
-static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float a, tile_ws *ws) {
+/* Tile c of tensor i: Q = inverse DCT of the aggregate; p = p (1 - lr wd)
+ * - step sign(Q), then, unless it was staged, DisTrO-AdamW's second moment
+ * for this step. */
+static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float step, tile_ws *ws) {
   distro__param *p = &o->params[i];
   const distro__tiling *t = &p->tiling;
   const int64_t h = t->h, w = t->w, cols = t->cols;
@@ -260,19 +227,12 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float a, til
   for (int64_t b = 0; b < h; b++) {
     float *pw = p->param + off + b * cols;
     const float *q = ws->b + b * w;
-    if (o->opt.update == DISTRO_UPDATE_SIGN) {
-      sign_row(pw, q, shrink, lr, w);
-      continue;
-    }
-    scaled_row(pw, q, shrink, a, w);
-    if (p->m_next) continue; /* committed by distro__demo_commit */
-    const float b1 = o->opt.beta1, b2 = o->opt.beta2;
+    sign_row(pw, q, shrink, step, w);
+    if (o->opt.update == DISTRO_UPDATE_SIGN || p->v_next) continue; /* no moment, or committed already */
+    const float b2 = o->opt.beta2;
     const float *g = p->grad + off + b * cols;
-    float *m = p->m + off + b * cols, *v = p->v + off + b * cols;
-    for (int64_t d = 0; d < w; d++) {
-      m[d] = b1 * m[d] + (1.0f - b1) * g[d];
-      v[d] = b2 * v[d] + (1.0f - b2) * g[d] * g[d];
-    }
+    float *v = p->v + off + b * cols;
+    for (int64_t d = 0; d < w; d++) v[d] = b2 * v[d] + (1.0f - b2) * g[d] * g[d];
   }
   ws->t_decode += seconds_between(&clock);
 }
@@ -316,7 +276,7 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
       int64_t c;
       const int i = tile_tensor(o, g, &c);
       prefetch_tile(o, g + 1, PF_GRAD | PF_MOM | PF_NEXT | (sign_update ? 0 : PF_ADAM));
-      if (!compress_tile(o, i, c, scale, &o->tile_sums[g], &ws) && g < bad_tile) bad_tile = g;
+      if (!compress_tile(o, i, c, scale, &ws) && g < bad_tile) bad_tile = g;
     }
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
   }
@@ -325,13 +285,6 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
   if (bad_tile != INT64_MAX) {
     int64_t c;
     bad = tile_tensor(o, bad_tile, &c);
-  } else if (!sign_update) {
-    /* Each tensor's step scale: its tiles' sums in order. */
-    for (int i = 0; i < o->nparams; i++) {
-      double sum = 0;
-      for (int64_t g = o->tile_base[i]; g < o->tile_base[i + 1]; g++) sum += o->tile_sums[g];
-      o->scales[i] = (float)sqrt(sum / (double)o->params[i].numel);
-    }
   }
   t0 = distro__now();
   const size_t size = distro__payload_encode(o, bad);
@@ -351,44 +304,18 @@ void distro__demo_commit(distro_optim *o) {
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     swap(&p->mom, &p->mom_next);
-    if (p->m_next) {
-      swap(&p->m, &p->m_next);
-      swap(&p->v, &p->v_next);
-    }
+    if (p->v_next) swap(&p->v, &p->v_next);
   }
 }
 
 void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s) {
   const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN, nt = step_threads(o);
   const int64_t ntiles = o->tile_base[o->nparams];
-  /* Every rank applies the same aggregate. DisTrO-AdamW rescales Q to the
-   * RMS of the step AdamW would take (p -= lr (rho / RMS(Q)) Q, rho the
-   * mean over the ranks of that RMS on each rank's own data); RMS(Q) comes
-   * from the aggregated coefficients (the transform is orthonormal), tile
-   * by tile, before any parameter moves. */
-  double t0 = distro__now();
-  if (!sign_update) {
-#pragma omp parallel num_threads(nt)
-    {
-      tile_ws ws = workspace(o, omp_get_thread_num());
-#pragma omp for schedule(dynamic, 16)
-      for (int64_t g = 0; g < ntiles; g++) {
-        int64_t c;
-        const int i = tile_tensor(o, g, &c);
-        aggregate_tile(o, i, c, ws.a, ws.cnt);
-        o->tile_sums[g] = tile_sum_squares(ws.a, o->tilings[i].w, o->tilings[i].h, o->tilings[i].w);
-      }
-    }
-    for (int i = 0; i < o->nparams; i++) {
-      double sum = 0;
-      for (int64_t g = o->tile_base[i]; g < o->tile_base[i + 1]; g++) sum += o->tile_sums[g];
-      const float rms = (float)sqrt(sum / (double)o->params[i].numel);
-      o->amps[i] = rms > 0.0f ? lr * (distro__mean_scale(o, i) / rms) : 0.0f;
-    }
-  }
-  s->seconds_decode += distro__now() - t0;
+  /* Every rank applies the same aggregate: each element moves by the sign
+   * of Q, lr for DeMo and DISTRO__ADAMW_SIGN_STEP lr for DisTrO-AdamW. */
+  const float step = sign_update ? lr : DISTRO__ADAMW_SIGN_STEP * lr;
   memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
-  t0 = distro__now();
+  const double t0 = distro__now();
 #pragma omp parallel num_threads(nt)
   {
     const int th = omp_get_thread_num();
@@ -398,7 +325,7 @@ void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s) {
       int64_t c;
       const int i = tile_tensor(o, g, &c);
       prefetch_tile(o, g + 1, PF_PARAM | (sign_update ? 0 : PF_GRAD | PF_ADAM));
-      apply_tile(o, i, c, lr, sign_update ? 0.0f : o->amps[i], &ws);
+      apply_tile(o, i, c, lr, step, &ws);
     }
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
   }

@@ -135,25 +135,21 @@ static void free_state(distro_optim *o) {
     free(p->mom_next);
     free(p->m);
     free(p->v);
-    free(p->m_next);
     free(p->v_next);
     free(p->idx);
     free(p->val);
-    p->mom = p->mom_next = p->m = p->v = p->m_next = p->v_next = p->val = NULL;
+    p->mom = p->mom_next = p->m = p->v = p->v_next = p->val = NULL;
     p->idx = NULL;
   }
   distro__payload_destroy(o);
   free(o->tilings);
   free(o->tile_base);
-  free(o->tile_sums);
-  free(o->amps);
   free(o->ws);
   free(o->ws_clock);
   free(o->flat);
   o->tilings = NULL;
   o->tile_base = NULL;
-  o->tile_sums = NULL;
-  o->amps = o->flat = NULL;
+  o->flat = NULL;
   o->ws = NULL;
   o->ws_clock = NULL;
 }
@@ -181,15 +177,13 @@ distro_status distro__optim_prepare(distro_optim *o) {
     o->tilings[i] = p->tiling;
     if (p->numel > o->max_numel) o->max_numel = p->numel;
     o->total_numel += p->numel;
-    if (adam) {
-      p->m = zalloc_floats(p->numel);
+    if (adam) { /* DisTrO-AdamW keeps the second moment only (demo.c) */
+      if (!demo) p->m = zalloc_floats(p->numel);
       p->v = zalloc_floats(p->numel);
-      if (!p->m || !p->v) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for AdamW moments of '%s'", p->name);
+      if ((!demo && !p->m) || !p->v) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for AdamW moments of '%s'", p->name);
       if (demo && o->opt.overlap) { /* staged until the exchange completes (demo.c) */
-        p->m_next = zalloc_floats(p->numel);
         p->v_next = zalloc_floats(p->numel);
-        if (!p->m_next || !p->v_next)
-          DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the staged AdamW moments of '%s'", p->name);
+        if (!p->v_next) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the staged AdamW moment of '%s'", p->name);
       }
     }
     if (demo) {
@@ -209,20 +203,18 @@ distro_status distro__optim_prepare(distro_optim *o) {
      * per thread one workspace for the largest tile (nothing is allocated
      * during a step). */
     o->tile_base = malloc(sizeof(int64_t) * (size_t)(o->nparams + 1));
-    o->amps = calloc((size_t)o->nparams, sizeof(float));
-    if (!o->tile_base || !o->amps) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+    if (!o->tile_base) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
     o->tile_base[0] = 0;
     o->ws_tile = 1;
     for (int i = 0; i < o->nparams; i++) {
       o->tile_base[i + 1] = o->tile_base[i] + o->tilings[i].nchunks;
       if (o->tilings[i].chunk_elems > o->ws_tile) o->ws_tile = o->tilings[i].chunk_elems;
     }
-    o->tile_sums = calloc((size_t)o->tile_base[o->nparams], sizeof(double));
     o->nws = o->opt.threads > 0 ? o->opt.threads : omp_get_max_threads();
     o->ws_bytes = distro__demo_ws_bytes(o->ws_tile);
     o->ws = aligned_alloc(64, o->ws_bytes * (size_t)o->nws);
     o->ws_clock = calloc((size_t)o->nws, sizeof *o->ws_clock);
-    if (!o->tile_sums || !o->ws || !o->ws_clock)
+    if (!o->ws || !o->ws_clock)
       DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the step's workspaces (%d x %zu bytes)", o->nws, o->ws_bytes);
     memset(o->ws, 0, o->ws_bytes * (size_t)o->nws); /* the selection counts start (and stay) zero */
     if (o->opt.overlap) DISTRO_CHECK(distro__overlap_init(o));

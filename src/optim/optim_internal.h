@@ -6,7 +6,6 @@
 #include <distro/optim.h>
 
 #include "common/atomic_file.h"
-#include "common/blocksum.h"
 #include "compress/chunk.h"
 #include "compress/dct.h"
 #include "compress/wire.h"
@@ -29,7 +28,6 @@ typedef struct distro__xset {
   uint32_t *dec_idx;    /* world x total_sel decoded indices */
   float *dec_val;       /* world x total_sel decoded values */
   uint8_t *dropped;     /* per rank: payload skipped */
-  float *dec_scales;    /* world x nparams: DisTrO-AdamW's step scales, decoded */
   uint32_t **idx_ptrs;  /* per tensor, for the codec API */
   float **val_ptrs;
 } distro__xset;
@@ -46,10 +44,10 @@ typedef struct distro__param {
   distro__tiling tiling;
   distro__dct_plan plan;
   float *mom, *mom_next; /* DeMo momentum in the DCT domain; next is staged until commit */
-  float *m, *v;          /* AdamW moments (DisTrO-AdamW: of this rank's own gradient) */
-  float *m_next, *v_next; /* DisTrO-AdamW with overlap: the moments staged by the
-                             compress phase until the step commits (the gradient
-                             is gone by then); NULL otherwise */
+  float *m, *v;          /* AdamW moments (DisTrO-AdamW: v only, of this rank's own gradient) */
+  float *v_next;         /* DisTrO-AdamW with overlap: v staged by the compress
+                            phase until the step commits (the gradient is gone
+                            by then); NULL otherwise */
   uint32_t *idx;         /* this step's selection (DeMo) */
   float *val;
 } distro__param;
@@ -79,12 +77,8 @@ struct distro_optim {
   uint32_t **idx_ptrs;            /* per tensor, for the codec API */
   float **val_ptrs;
   uint8_t *dropped;               /* per rank: payload skipped this step */
-  float *scales;                  /* DisTrO-AdamW: this rank's step scale per tensor */
-  float *dec_scales;              /* world x nparams: every rank's, decoded */
   /* The tile loops of the DeMo step (demo.c): */
   int64_t *tile_base;             /* nparams + 1: each tensor's first tile in the global order */
-  double *tile_sums;              /* per tile: DisTrO-AdamW's sums of squares */
-  float *amps;                    /* per tensor: DisTrO-AdamW's step factor */
   int nws;                        /* threads the step may use: one workspace each */
   int64_t ws_tile;                /* elements of the largest tile */
   size_t ws_bytes;                /* bytes of one workspace */
@@ -158,9 +152,11 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
 distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s);
 int distro__overlap_pending(const distro_optim *o);
 void distro__overlap_free(distro_optim *o);
-/* DisTrO-AdamW: the mean of the ranks' step scales for tensor i (decoded
- * this step; dropped ranks left out), summed in rank order. */
-float distro__mean_scale(const distro_optim *o, int i);
+/* DisTrO-AdamW's step per element, in units of lr: p -= 0.7 lr sign(Q).
+ * Measured (docs/design.md, "The step"): 0.5, 0.7, 0.85 and 1.0 at the demo
+ * size, 0.47, 0.7 and 1.0 at the 4.8x larger one; 0.7 is within 1% of
+ * AdamW at AdamW's lr at both, 1.0 overshoots at the demo size. */
+#define DISTRO__ADAMW_SIGN_STEP 0.7f
 
 /* Clip each peer's values per tensor to a multiple of the median norm. */
 int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple);

@@ -50,9 +50,6 @@ distro_status distro__options_check(const distro_options *o) {
     return distro__fail(DISTRO_ERR_INVALID, "unknown values codec %d", (int)o->values);
   if (o->wire_version != 1 && o->wire_version != 2)
     return distro__fail(DISTRO_ERR_INVALID, "wire_version must be 1 or 2 (got %d)", o->wire_version);
-  if (o->algorithm == DISTRO_ALG_DEMO && o->update == DISTRO_UPDATE_ADAMW && o->wire_version != 2)
-    return distro__fail(DISTRO_ERR_INVALID,
-                        "DISTRO_UPDATE_ADAMW needs wire_version 2 (its payload carries a step scale per tensor)");
   if (o->wire_version == 1 && o->values > DISTRO_VALUES_SIGN1)
     return distro__fail(DISTRO_ERR_INVALID, "INT8/INT4 values need wire_version 2");
   if (!(isfinite(o->clip_median_multiple) && o->clip_median_multiple >= 0))

@@ -137,7 +137,6 @@ static distro_status wait_exchange(distro_optim *o, distro_step_stats *s) {
   o->dec_idx = x->dec_idx;
   o->dec_val = x->dec_val;
   o->dropped = x->dropped;
-  o->dec_scales = x->dec_scales;
   o->idx_ptrs = x->idx_ptrs;
   o->val_ptrs = x->val_ptrs;
   *x = mine;

@@ -18,9 +18,7 @@ distro_status distro__payload_prepare(distro_optim *o) {
   o->val_ptrs = malloc(sizeof(float *) * (size_t)n);
   o->sizes = calloc((size_t)world, sizeof(size_t));
   o->dropped = calloc((size_t)world, 1);
-  o->scales = calloc((size_t)n, sizeof(float));
-  o->dec_scales = calloc((size_t)n * (size_t)world, sizeof(float));
-  if (!o->sel_off || !o->idx_ptrs || !o->val_ptrs || !o->sizes || !o->dropped || !o->scales || !o->dec_scales)
+  if (!o->sel_off || !o->idx_ptrs || !o->val_ptrs || !o->sizes || !o->dropped)
     DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload bookkeeping");
   o->total_sel = 0;
   for (int i = 0; i < n; i++) {
@@ -70,9 +68,6 @@ void distro__payload_destroy(distro_optim *o) {
   free(o->val_ptrs);
   free(o->sizes);
   free(o->dropped);
-  free(o->scales);
-  free(o->dec_scales);
-  o->scales = o->dec_scales = NULL;
   free(o->send);
   free(o->recv);
   free(o->dec_idx);
@@ -115,7 +110,7 @@ size_t distro__payload_encode(distro_optim *o, int bad_tensor) {
     o->val_ptrs[i] = o->params[i].val;
   }
   return distro__wire2_encode(o->send, o->slot, o->w2, o->nparams, o->opt.values, rank, step, o->idx_ptrs,
-                              o->val_ptrs, o->opt.update == DISTRO_UPDATE_ADAMW ? o->scales : NULL);
+                              o->val_ptrs, NULL);
 }
 
 /* Validates and decodes rank r's payload into its rows of x's dec_idx /
@@ -148,8 +143,7 @@ static distro_status decode_one(const distro_optim *o, distro__xset *x, int64_t 
       x->val_ptrs[i] = rv + o->sel_off[i];
     }
     st = distro__wire2_decode(buf, size, o->w2, o->nparams, o->opt.values, r, aborted, why, tensor, x->idx_ptrs,
-                              x->val_ptrs,
-                              o->opt.update == DISTRO_UPDATE_ADAMW ? x->dec_scales + (size_t)r * (size_t)o->nparams : NULL);
+                              x->val_ptrs, NULL);
     if (st != DISTRO_OK || *aborted) return st;
   }
   uint32_t sender;
@@ -160,17 +154,6 @@ static distro_status decode_one(const distro_optim *o, distro__xset *x, int64_t 
                         "payload from rank %d: stamped rank %u step %llu, expected step %lld (ranks out of step?)", r,
                         sender, (unsigned long long)step, (long long)step_want);
   return DISTRO_OK;
-}
-
-float distro__mean_scale(const distro_optim *o, int i) {
-  float sum = 0.0f;
-  int live = 0;
-  for (int r = 0; r < o->comm->size; r++)
-    if (!o->dropped[r]) {
-      sum += o->dec_scales[(size_t)r * (size_t)o->nparams + (size_t)i];
-      live++;
-    }
-  return live ? sum / (float)live : 0.0f;
 }
 
 int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple) {
@@ -203,7 +186,7 @@ int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, i
 }
 
 distro__xset distro__xset_own(const distro_optim *o) {
-  distro__xset x = {o->recv, o->sizes, o->dec_idx, o->dec_val, o->dropped, o->dec_scales, o->idx_ptrs, o->val_ptrs};
+  distro__xset x = {o->recv, o->sizes, o->dec_idx, o->dec_val, o->dropped, o->idx_ptrs, o->val_ptrs};
   return x;
 }
 
@@ -215,10 +198,9 @@ distro_status distro__xset_alloc(const distro_optim *o, distro__xset *x) {
   x->dec_idx = malloc(sizeof(uint32_t) * all);
   x->dec_val = malloc(sizeof(float) * all);
   x->dropped = calloc(world, 1);
-  x->dec_scales = calloc(n * world, sizeof(float));
   x->idx_ptrs = malloc(sizeof(uint32_t *) * n);
   x->val_ptrs = malloc(sizeof(float *) * n);
-  if (x->recv && x->sizes && x->dec_idx && x->dec_val && x->dropped && x->dec_scales && x->idx_ptrs && x->val_ptrs)
+  if (x->recv && x->sizes && x->dec_idx && x->dec_val && x->dropped && x->idx_ptrs && x->val_ptrs)
     return DISTRO_OK;
   distro__xset_free(x);
   return distro__fail(DISTRO_ERR_NOMEM, "out of memory for a second set of exchange buffers (%zu bytes per rank)",
@@ -231,7 +213,6 @@ void distro__xset_free(distro__xset *x) {
   free(x->dec_idx);
   free(x->dec_val);
   free(x->dropped);
-  free(x->dec_scales);
   free(x->idx_ptrs);
   free(x->val_ptrs);
   memset(x, 0, sizeof *x);
@@ -330,11 +311,6 @@ distro_status distro__payload_exchange_into(const distro_optim *o, distro_comm *
       for (int r = 0; r < world; r++) vals[r] = x->dec_val + (size_t)r * (size_t)o->total_sel + o->sel_off[i];
       int c = distro__robust_clip(vals, x->dropped, world, o->tilings[i].nchunks * o->tilings[i].k,
                                   o->opt.clip_median_multiple);
-      clipped = c < 0 ? -1 : clipped + c;
-      if (o->opt.update != DISTRO_UPDATE_ADAMW || clipped < 0) continue;
-      /* DisTrO-AdamW's step scales, clipped the same way (as 1-element vectors). */
-      for (int r = 0; r < world; r++) vals[r] = x->dec_scales + (size_t)r * (size_t)o->nparams + (size_t)i;
-      c = distro__robust_clip(vals, x->dropped, world, 1, o->opt.clip_median_multiple);
       clipped = c < 0 ? -1 : clipped + c;
     }
     free(vals);

@@ -2,8 +2,9 @@
  *
  * File: "DSTROPT\0" | u32 version | u32 algorithm, update, values, chunk,
  * topk, nparams | i64 step | per tensor: u32 name length, name, u32 ndim,
- * i64 shape[ndim], then its arrays (DeMo momentum; AdamW m and v) as
- * little-endian float32 | u32 CRC32C of everything before.
+ * i64 shape[ndim], then its arrays (DeMo momentum, and DisTrO-AdamW's v;
+ * the AdamW baseline's m and v) as little-endian float32 | u32 CRC32C of
+ * everything before. Version 2: DisTrO-AdamW keeps no first moment.
  * Saves go to a temporary file that is synced and renamed over the target,
  * so a crash leaves either the old or the new file. Loads verify everything
  * into fresh buffers and swap them in only at the end. */
@@ -16,18 +17,17 @@
 #include "optim/optim_internal.h"
 
 #define STATE_MAGIC "DSTROPT"
-#define STATE_VERSION 1u
+#define STATE_VERSION 2u
 
 static int arrays_per_param(const distro_options *o) {
-  return (o->algorithm == DISTRO_ALG_DEMO ? 1 : 0) + (distro__uses_adam(o) ? 2 : 0);
+  if (o->algorithm == DISTRO_ALG_DEMO) return distro__uses_adam(o) ? 2 : 1;
+  return 2;
 }
 
-/* The a-th saved array of a tensor: DeMo momentum first, then AdamW m, v. */
+/* The a-th saved array of a tensor: DeMo momentum, then DisTrO-AdamW's v;
+ * the baseline's m, v. */
 static float **param_array(distro__param *p, const distro_options *o, int a) {
-  if (o->algorithm == DISTRO_ALG_DEMO) {
-    if (a == 0) return &p->mom;
-    a--;
-  }
+  if (o->algorithm == DISTRO_ALG_DEMO) return a == 0 ? &p->mom : &p->v;
   return a == 0 ? &p->m : &p->v;
 }
 

@@ -3,9 +3,7 @@
  * payload damaged in transit. With corrupt_self 0 the corrupt rank's own
  * copy stays intact (damage on the other links only). Exchanges under 200
  * bytes (the first step's signature round, the drop agreement) pass
- * untouched. With forge_scale > 0 it instead rewrites the first tensor's
- * DisTrO-AdamW step scale in corrupt_rank's wire v2 payload (ntensors
- * tensors) and reseals its CRC: a valid payload with a forged scale.
+ * untouched.
  * A duplicate (the optimizer's background exchanges, options.overlap) wraps
  * a duplicate of the inner comm and follows the original's settings.
  * Header-only: the test files that use it include it once. */
@@ -17,13 +15,10 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
-#include "common/crc32c.h"
 
 typedef struct tu_corrupting {
   distro_comm *inner;
   int corrupt_rank, corrupt_self, armed;
-  float forge_scale;
-  int ntensors;
   const struct tu_corrupting *cfg; /* a duplicate: the original's settings */
 } tu_corrupting;
 
@@ -45,17 +40,7 @@ static distro_status tu_corrupt_allgatherv(distro_comm *c, const void *send, siz
   distro_status st = w->inner->ops->allgatherv(w->inner, send, bytes, recv, slot, sizes);
   if (st != DISTRO_OK || !tu_corrupt_hits(w, c->rank)) return st;
   const tu_corrupting *k = tu_corrupt_cfg(w);
-  uint8_t *b = (uint8_t *)recv + (size_t)k->corrupt_rank * slot;
-  const size_t n = sizes[k->corrupt_rank], at = 40 + 40 * (size_t)k->ntensors;
-  if (k->forge_scale > 0 && n > at + 8 && (b[7] & 2u)) {
-    uint32_t bits;
-    memcpy(&bits, &k->forge_scale, 4);
-    for (int i = 0; i < 4; i++) b[at + (size_t)i] = (uint8_t)(bits >> (8 * i));
-    const uint32_t crc = distro__crc32c(b, n - 4);
-    for (int i = 0; i < 4; i++) b[n - 4 + (size_t)i] = (uint8_t)(crc >> (8 * i));
-  } else if (k->forge_scale <= 0) {
-    b[n / 2] ^= 0x10;
-  }
+  ((uint8_t *)recv)[(size_t)k->corrupt_rank * slot + sizes[k->corrupt_rank] / 2] ^= 0x10;
   return st;
 }
 static distro_status tu_corrupt_allreduce(distro_comm *c, float *b, size_t n) {
