@@ -127,15 +127,15 @@ static void build(payload *p, const spec *s, int n, distro_values codec, tu_rng 
       random_selection(r, t->chunk_elems, t->k, clustered, p->idx[i] + c * t->k);
     for (int64_t j = 0; j < count_of(t); j++) p->val[i][j] = random_value(r);
   }
-  p->cap = distro__wire2_bound(p->ts, n, codec, 0) + 64;
+  p->cap = distro__wire2_bound(p->ts, n, codec) + 64;
   p->buf = malloc(p->cap);
   cr_assert(p->buf);
   memset(p->buf, 0xa5, p->cap);
   p->sender = (uint32_t)(tu_next(r) % 1000);
   p->step = tu_next(r);
-  p->size = distro__wire2_encode(p->buf, p->cap, p->ts, n, codec, p->sender, p->step, p->idx, p->val, NULL);
+  p->size = distro__wire2_encode(p->buf, p->cap, p->ts, n, codec, p->sender, p->step, p->idx, p->val);
   cr_assert_gt(p->size, 0, "encode failed");
-  cr_assert_leq(p->size, distro__wire2_bound(p->ts, n, codec, 0), "payload larger than its bound");
+  cr_assert_leq(p->size, distro__wire2_bound(p->ts, n, codec), "payload larger than its bound");
 }
 
 static void destroy(payload *p) {
@@ -180,7 +180,7 @@ static void outs_free(outs *o) {
 static distro_status decode(const payload *p, const uint8_t *buf, size_t size, int peer, int *aborted, uint32_t *st,
                             uint32_t *te) {
   outs o = outs_new(p);
-  distro_status s = distro__wire2_decode(buf, size, p->ts, p->n, p->codec, peer, aborted, st, te, o.idx, o.val, NULL);
+  distro_status s = distro__wire2_decode(buf, size, p->ts, p->n, p->codec, peer, aborted, st, te, o.idx, o.val);
   outs_free(&o);
   return s;
 }
@@ -213,7 +213,7 @@ static void expect_decodes(const payload *p, uint64_t seed) {
   outs o = outs_new(p);
   int ab = 7;
   uint32_t st, te;
-  distro_status s = distro__wire2_decode(p->buf, p->size, p->ts, p->n, p->codec, 5, &ab, &st, &te, o.idx, o.val, NULL);
+  distro_status s = distro__wire2_decode(p->buf, p->size, p->ts, p->n, p->codec, 5, &ab, &st, &te, o.idx, o.val);
   cr_assert_eq(s, DISTRO_OK, "%s (seed %llu)", distro_last_error(), SEED);
   cr_assert_eq(ab, 0);
   for (int i = 0; i < p->n; i++) {
@@ -448,13 +448,13 @@ Test(wire2, empty_tensor_list) {
   memset(&p, 0, sizeof p);
   setup_tensors(&p, NULL, 0);
   p.codec = DISTRO_VALUES_F32;
-  cr_assert_eq(distro__wire2_bound(p.ts, 0, DISTRO_VALUES_F32, 0), 44);
+  cr_assert_eq(distro__wire2_bound(p.ts, 0, DISTRO_VALUES_F32), 44);
   uint8_t b[44];
-  cr_assert_eq(distro__wire2_encode(b, sizeof b, p.ts, 0, DISTRO_VALUES_F32, 3, 4, NULL, NULL, NULL), 44);
+  cr_assert_eq(distro__wire2_encode(b, sizeof b, p.ts, 0, DISTRO_VALUES_F32, 3, 4, NULL, NULL), 44);
   int ab;
   uint32_t st, te;
-  cr_assert_eq(distro__wire2_decode(b, 44, p.ts, 0, DISTRO_VALUES_F32, 0, &ab, &st, &te, NULL, NULL, NULL), DISTRO_OK);
-  cr_assert_eq(distro__wire2_encode(b, 43, p.ts, 0, DISTRO_VALUES_F32, 3, 4, NULL, NULL, NULL), 0, "cap below 44");
+  cr_assert_eq(distro__wire2_decode(b, 44, p.ts, 0, DISTRO_VALUES_F32, 0, &ab, &st, &te, NULL, NULL), DISTRO_OK);
+  cr_assert_eq(distro__wire2_encode(b, 43, p.ts, 0, DISTRO_VALUES_F32, 3, 4, NULL, NULL), 0, "cap below 44");
   destroy(&p);
 }
 
@@ -551,11 +551,11 @@ Test(wire2, documented_sizes) {
   payload p;
   memset(&p, 0, sizeof p);
   setup_tensors(&p, &s4, 1);
-  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_F32, 0), 84 + 8192 + 16384);
-  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_BF16, 0), 84 + 8192 + 8192);
-  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_SIGN1, 0), 84 + 8192 + 512);
-  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_INT8, 0), 84 + 8192 + 6144);
-  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_INT4, 0), 84 + 8192 + 4096);
+  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_F32), 84 + 8192 + 16384);
+  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_BF16), 84 + 8192 + 8192);
+  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_SIGN1), 84 + 8192 + 512);
+  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_INT8), 84 + 8192 + 6144);
+  cr_assert_eq(distro__wire2_bound(p.ts, 1, DISTRO_VALUES_INT4), 84 + 8192 + 4096);
   destroy(&p);
 }
 
@@ -772,16 +772,12 @@ Test(wire2, reject_unknown_flags_and_abort_fields, .init = one_thread) {
   tu_rng r = {seed};
   payload p;
   build(&p, mixed, NMIXED, DISTRO_VALUES_SIGN1, &r);
-  for (int f = 4; f < 256; f++) {
-    if (!(f & ~3)) continue;
+  for (int f = 2; f < 256; f++) {
+    if (!(f & ~1)) continue;
     p.buf[7] = (uint8_t)f;
     reseal(p.buf, p.size);
     EXPECT_REJECT(&p, p.buf, p.size, 17, "unknown flags", seed, "flags 0x%02x", f);
   }
-  /* SCALES is known, but this payload has no scales section. */
-  p.buf[7] = 2;
-  reseal(p.buf, p.size);
-  EXPECT_REJECT(&p, p.buf, p.size, 17, "step scales present, expected none", seed, "flags 0x02");
   p.buf[7] = 0;
   const int fields[] = {32, 33, 35, 36, 39};
   for (int i = 0; i < 5; i++) {
@@ -1095,58 +1091,5 @@ Test(wire2, first_bad_tensor_is_reported) {
     expect_section_reject(&p, sec, first, "non-finite", -1, seed, "first bad tensor");
     for (int i = 0; i < NMIXED; i++) free(mut[i]);
   }
-  destroy(&p);
-}
-
-/* DisTrO-AdamW's step scales: one f32 per tensor after the descriptors,
- * announced by the SCALES flag; every receiver expects them or not, and a
- * non-finite or negative scale is refused. */
-Test(wire2, step_scales, .init = one_thread) {
-  uint64_t seed = tu_seed();
-  tu_rng r = {seed};
-  payload p;
-  build(&p, mixed, NMIXED, DISTRO_VALUES_INT8, &r);
-  float scales[NMIXED], got[NMIXED];
-  for (int i = 0; i < NMIXED; i++) scales[i] = (float)(tu_next(&r) % 1000) / 256.0f;
-  const size_t cap = distro__wire2_bound(p.ts, NMIXED, p.codec, 1);
-  cr_assert_eq(cap, distro__wire2_bound(p.ts, NMIXED, p.codec, 0) + 4 * NMIXED);
-  uint8_t *buf = malloc(cap);
-  size_t n = distro__wire2_encode(buf, cap, p.ts, NMIXED, p.codec, p.sender, p.step, p.idx, p.val, scales);
-  cr_assert_eq(n, p.size + 4 * NMIXED, "the scales add 4 bytes per tensor (seed %llu)", SEED);
-  cr_assert_eq(buf[7], 2, "SCALES flag");
-  /* Right after the descriptors, little-endian binary32. */
-  for (int i = 0; i < NMIXED; i++) {
-    uint32_t bits = rd32(buf + 40 + 40 * NMIXED + 4 * i), want;
-    memcpy(&want, &scales[i], 4);
-    cr_assert_eq(bits, want, "scale %d", i);
-  }
-  outs o = outs_new(&p);
-  int ab = 7;
-  uint32_t st = 0, te = 0;
-  cr_assert_eq(distro__wire2_decode(buf, n, p.ts, NMIXED, p.codec, 3, &ab, &st, &te, o.idx, o.val, got), DISTRO_OK,
-               "%s (seed %llu)", distro_last_error(), SEED);
-  cr_assert_eq(memcmp(got, scales, sizeof scales), 0);
-  for (int i = 0; i < NMIXED; i++) cr_assert_eq(memcmp(o.idx[i], p.idx[i], sizeof(uint32_t) * (size_t)count_of(&p.ts[i].t)), 0);
-  /* A receiver that expects none refuses them, and the other way round. */
-  EXPECT_REJECT(&p, buf, n, 3, "step scales present, expected none", seed, "unexpected scales");
-  cr_assert_eq(distro__wire2_decode(p.buf, p.size, p.ts, NMIXED, p.codec, 4, &ab, &st, &te, o.idx, o.val, got),
-               DISTRO_ERR_PAYLOAD);
-  cr_assert(strstr(distro_last_error(), "step scales missing") != NULL, "%s", distro_last_error());
-  /* Non-finite or negative scales, behind a valid CRC. */
-  const float bad[3] = {NAN, INFINITY, -1.0f};
-  for (int b = 0; b < 3; b++) {
-    uint8_t *c = malloc(n);
-    memcpy(c, buf, n);
-    uint32_t bits;
-    memcpy(&bits, &bad[b], 4);
-    wr32(c + 40 + 40 * NMIXED + 4 * 2, bits);
-    reseal(c, n);
-    cr_assert_eq(distro__wire2_decode(c, n, p.ts, NMIXED, p.codec, 5, &ab, &st, &te, o.idx, o.val, got),
-                 DISTRO_ERR_PAYLOAD, "scale %g accepted", (double)bad[b]);
-    cr_assert(strstr(distro_last_error(), "tensor 2: step scale") != NULL, "%s", distro_last_error());
-    free(c);
-  }
-  outs_free(&o);
-  free(buf);
   destroy(&p);
 }

@@ -122,13 +122,13 @@ static void encode_tensor(const distro__tiling *t, const distro__enum_table *et,
   float *vp[1] = {(float *)val};
   for (int e = 0; e < 3; e++) {
     double t0 = now();
-    size_t n = distro__wire2_encode(buf, distro__wire2_bound(&w2, 1, ent[e], 0), &w2, 1, ent[e], 0, 0, ip, vp, NULL);
+    size_t n = distro__wire2_encode(buf, distro__wire2_bound(&w2, 1, ent[e]), &w2, 1, ent[e], 0, 0, ip, vp);
     double t1 = now();
     int ab;
     uint32_t why, tens;
     uint32_t *dip[1] = {didx};
     float *dvp[1] = {dval};
-    distro_status st = distro__wire2_decode(buf, n, &w2, 1, ent[e], 0, &ab, &why, &tens, dip, dvp, NULL);
+    distro_status st = distro__wire2_decode(buf, n, &w2, 1, ent[e], 0, &ab, &why, &tens, dip, dvp);
     double t2 = now();
     if (n == 0 || st != DISTRO_OK || memcmp(didx, idx, sizeof(uint32_t) * (size_t)count) != 0) {
       fprintf(stderr, "distro-bench: round trip failed (%s)\n", distro_last_error());

@@ -66,7 +66,7 @@ typedef struct distro_options {
                                   t-1 and leaves its own exchange running on a
                                   helper thread, hidden behind the caller's
                                   next forward/backward. The delay costs loss:
-                                  +3.6% (DisTrO-AdamW) and +18% (sign) on the
+                                  +15% (DisTrO-AdamW) and +18% (sign) on the
                                   demo model (docs/design.md "Overlap"). See
                                   "Overlap" below. */
 } distro_options;

@@ -188,7 +188,7 @@ distro_status distro__wire_check_header(const uint8_t *buf, size_t size, unsigne
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: values codec %u, expected %d", peer, buf[6], (int)v);
   if (distro__get_u32(buf + 8) != (uint32_t)ntensors || distro__get_u64(buf + 24) != (uint64_t)size)
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: header disagrees with the tensor list", peer);
-  const unsigned known = DISTRO__WIRE_FLAG_ABORT | (version >= 2 ? DISTRO__WIRE_FLAG_SCALES : 0u);
+  const unsigned known = DISTRO__WIRE_FLAG_ABORT;
   if (buf[7] & ~known)
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: unknown flags 0x%02x", peer, buf[7]);
   if (buf[7] & DISTRO__WIRE_FLAG_ABORT) {

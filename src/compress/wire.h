@@ -18,7 +18,6 @@
 #define DISTRO__WIRE_HEADER 40
 #define DISTRO__WIRE_DESC 24
 #define DISTRO__WIRE_FLAG_ABORT 1u  /* sender could not step; no data */
-#define DISTRO__WIRE_FLAG_SCALES 2u /* v2: one f32 step scale per tensor after the descriptors */
 
 /* Byte offsets of each tensor's sections, fixed by the tensor list. */
 typedef struct distro__wire_layout {

@@ -13,9 +13,9 @@
 #include "compress/wire.h"
 
 
-/* Header, descriptors and, with the SCALES flag, one f32 step scale per tensor. */
-static size_t head_bytes(int n, int scales) {
-  return DISTRO__WIRE_HEADER + (size_t)n * DISTRO__WIRE2_DESC + (scales ? 4 * (size_t)n : 0);
+/* Header and descriptors. */
+static size_t head_bytes(int n) {
+  return DISTRO__WIRE_HEADER + (size_t)n * DISTRO__WIRE2_DESC;
 }
 static size_t desc_at(int i) { return DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE2_DESC; }
 
@@ -32,8 +32,8 @@ static size_t value_bound(distro_values v, int64_t nchunks, int64_t k) {
   return 0;
 }
 
-size_t distro__wire2_bound(const distro__wire2_tensor *ts, int n, distro_values v, int scales) {
-  size_t total = head_bytes(n, scales) + 4;
+size_t distro__wire2_bound(const distro__wire2_tensor *ts, int n, distro_values v) {
+  size_t total = head_bytes(n) + 4;
   for (int i = 0; i < n; i++) {
     const distro__tiling *t = &ts[i].t;
     /* The chooser never picks more than the fixed-width layout. */
@@ -58,14 +58,12 @@ static void write_desc(uint8_t *d, const distro__tiling *t, int icodec, int ipar
 }
 
 size_t distro__wire2_encode(uint8_t *buf, size_t cap, const distro__wire2_tensor *ts, int n, distro_values v,
-                            uint32_t sender, uint64_t step, uint32_t *const *idx, float *const *val,
-                            const float *scales) {
-  const int sc = scales != NULL;
+                            uint32_t sender, uint64_t step, uint32_t *const *idx, float *const *val) {
   size_t *ibytes = malloc(sizeof(size_t) * 2 * (size_t)(n ? n : 1)), *vbytes = ibytes + n;
   int *codes = malloc(sizeof(int) * 3 * (size_t)(n ? n : 1));
   size_t total = 0;
   if (!ibytes || !codes) goto done;
-  if (cap < head_bytes(n, sc) + 4) goto done;
+  if (cap < head_bytes(n) + 4) goto done;
   /* Plan every tensor (sizes decide the offsets), then encode in place. */
 #pragma omp parallel for schedule(dynamic, 1)
   for (int i = 0; i < n; i++) {
@@ -75,13 +73,13 @@ size_t distro__wire2_encode(uint8_t *buf, size_t cap, const distro__wire2_tensor
     codes[3 * i] = (int)ic;
     vbytes[i] = distro__val_plan(v, val[i], t->nchunks, t->k, &codes[3 * i + 2]);
   }
-  size_t off = head_bytes(n, sc);
+  size_t off = head_bytes(n);
   for (int i = 0; i < n; i++) off += ibytes[i] + vbytes[i];
   if (off + 4 > cap) goto done;
   int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
   for (int i = 0; i < n; i++) {
-    size_t at = head_bytes(n, sc);
+    size_t at = head_bytes(n);
     for (int j = 0; j < i; j++) at += ibytes[j] + vbytes[j];
     const distro__tiling *t = &ts[i].t;
     write_desc(buf + desc_at(i), t, codes[3 * i], codes[3 * i + 1],
@@ -92,9 +90,7 @@ size_t distro__wire2_encode(uint8_t *buf, size_t cap, const distro__wire2_tensor
     failed |= (a != ibytes[i] && ibytes[i] > 0) || (b != vbytes[i] && vbytes[i] > 0);
   }
   if (failed) goto done;
-  for (int i = 0; sc && i < n; i++) distro__put_f32(buf + desc_at(n) + 4 * (size_t)i, scales[i]);
-  distro__wire_put_header(buf, DISTRO__WIRE2_VERSION, v, sc ? DISTRO__WIRE_FLAG_SCALES : 0, n, sender, step, off + 4,
-                          0, 0);
+  distro__wire_put_header(buf, DISTRO__WIRE2_VERSION, v, 0, n, sender, step, off + 4, 0, 0);
   distro__put_u32(buf + off, distro__crc32c(buf, off));
   total = off + 4;
 done:
@@ -105,7 +101,7 @@ done:
 
 size_t distro__wire2_encode_abort(uint8_t *buf, const distro__wire2_tensor *ts, int n, distro_values v,
                                   uint32_t sender, uint64_t step, uint32_t status, uint32_t tensor) {
-  const size_t off = head_bytes(n, 0);
+  const size_t off = head_bytes(n);
   distro__wire_put_header(buf, DISTRO__WIRE2_VERSION, v, DISTRO__WIRE_FLAG_ABORT, n, sender, step, off + 4, status,
                           tensor);
   for (int i = 0; i < n; i++) write_desc(buf + desc_at(i), &ts[i].t, 0, 0, 0, 0, 0);
@@ -115,29 +111,15 @@ size_t distro__wire2_encode_abort(uint8_t *buf, const distro__wire2_tensor *ts, 
 
 distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro__wire2_tensor *ts, int n,
                                    distro_values v, int peer, int *aborted, uint32_t *abort_status,
-                                   uint32_t *abort_tensor, uint32_t *const *idx, float *const *val,
-                                   float *scales) {
-  const int sc = scales != NULL;
+                                   uint32_t *abort_tensor, uint32_t *const *idx, float *const *val) {
   *aborted = 0;
-  if (size < head_bytes(n, 0) + 4)
+  if (size < head_bytes(n) + 4)
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: %zu bytes, too short for %d tensors", peer, size, n);
   distro_status st =
       distro__wire_check_header(buf, size, DISTRO__WIRE2_VERSION, v, n, peer, aborted, abort_status, abort_tensor);
   if (st != DISTRO_OK || *aborted) return st;
-  if (((buf[7] & DISTRO__WIRE_FLAG_SCALES) != 0) != sc)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: step scales %s, expected %s", peer,
-                        sc ? "missing" : "present", sc ? "one per tensor (DisTrO-AdamW)" : "none");
-  if (size < head_bytes(n, sc) + 4)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: %zu bytes, too short for %d tensors", peer, size, n);
-  for (int i = 0; sc && i < n; i++) {
-    const float x = distro__get_f32(buf + desc_at(n) + 4 * (size_t)i);
-    if (!(isfinite(x) && x >= 0))
-      return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: step scale %g is not finite and >= 0",
-                          peer, i, (double)x);
-    scales[i] = x;
-  }
   /* Descriptors: geometry must be ours; sections must tile the body exactly. */
-  size_t off = head_bytes(n, sc);
+  size_t off = head_bytes(n);
   for (int i = 0; i < n; i++) {
     const uint8_t *d = buf + desc_at(i);
     const distro__tiling *t = &ts[i].t;
@@ -156,7 +138,7 @@ distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro
   int64_t bad_code = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(min : first_bad)
   for (int i = 0; i < n; i++) {
-    size_t at = head_bytes(n, sc);
+    size_t at = head_bytes(n);
     for (int j = 0; j < i; j++) {
       const uint8_t *dj = buf + desc_at(j);
       at += distro__get_u64(dj + 24) + distro__get_u64(dj + 32);
@@ -174,7 +156,7 @@ distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro
   if (first_bad < n) {
     /* Re-run the failing tensor's decoders serially to describe the fault. */
     int i = first_bad;
-    size_t at = head_bytes(n, sc);
+    size_t at = head_bytes(n);
     for (int j = 0; j < i; j++) {
       const uint8_t *dj = buf + desc_at(j);
       at += distro__get_u64(dj + 24) + distro__get_u64(dj + 32);

@@ -407,7 +407,7 @@ distro_status distro_payload_bytes(const distro_options *opt, int n, const int *
     distro__wire2_tensor *w2 = calloc((size_t)n, sizeof *w2);
     if (!w2) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) w2[i].t = t[i];
-    *bytes = distro__wire2_bound(w2, n, opt->values, opt->update == DISTRO_UPDATE_ADAMW);
+    *bytes = distro__wire2_bound(w2, n, opt->values);
     free(w2);
   }
 fail:

@@ -44,7 +44,7 @@ distro_status distro__payload_prepare(distro_optim *o) {
       }
       o->w2[i].et = o->etabs[e].c ? &o->etabs[e] : NULL;
     }
-    o->slot = distro__wire2_bound(o->w2, n, o->opt.values, o->opt.update == DISTRO_UPDATE_ADAMW);
+    o->slot = distro__wire2_bound(o->w2, n, o->opt.values);
   }
   o->send = malloc(o->slot);
   o->recv = malloc(o->slot * (size_t)world);
@@ -110,7 +110,7 @@ size_t distro__payload_encode(distro_optim *o, int bad_tensor) {
     o->val_ptrs[i] = o->params[i].val;
   }
   return distro__wire2_encode(o->send, o->slot, o->w2, o->nparams, o->opt.values, rank, step, o->idx_ptrs,
-                              o->val_ptrs, NULL);
+                              o->val_ptrs);
 }
 
 /* Validates and decodes rank r's payload into its rows of x's dec_idx /
@@ -143,7 +143,7 @@ static distro_status decode_one(const distro_optim *o, distro__xset *x, int64_t 
       x->val_ptrs[i] = rv + o->sel_off[i];
     }
     st = distro__wire2_decode(buf, size, o->w2, o->nparams, o->opt.values, r, aborted, why, tensor, x->idx_ptrs,
-                              x->val_ptrs, NULL);
+                              x->val_ptrs);
     if (st != DISTRO_OK || *aborted) return st;
   }
   uint32_t sender;

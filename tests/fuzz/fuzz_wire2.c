@@ -118,7 +118,7 @@ static void sel_free(selection *s) {
 
 static distro_status decode(const uint8_t *buf, size_t n, distro_values v, selection *out, int *aborted,
                             uint32_t *why, uint32_t *tensor) {
-  return distro__wire2_decode(buf, n, ts, NT, v, PEER, aborted, why, tensor, out->idx, out->val, NULL);
+  return distro__wire2_decode(buf, n, ts, NT, v, PEER, aborted, why, tensor, out->idx, out->val);
 }
 
 /* What validation promises about a decoded selection. */
@@ -136,10 +136,10 @@ static void check_selection(const selection *s, distro_values v) {
 
 /* Re-encode an accepted selection; the result must decode to the same. */
 static void check_reencode(const selection *s, distro_values v) {
-  const size_t cap = distro__wire2_bound(ts, NT, v, 0);
+  const size_t cap = distro__wire2_bound(ts, NT, v);
   uint8_t *buf = malloc(cap);
   if (!buf) die("malloc");
-  const size_t n = distro__wire2_encode(buf, cap, ts, NT, v, PEER, 77, s->idx, s->val, NULL);
+  const size_t n = distro__wire2_encode(buf, cap, ts, NT, v, PEER, 77, s->idx, s->val);
   if (n == 0 || n > cap) die("re-encoding an accepted selection failed");
   selection back;
   sel_alloc(&back);
@@ -333,7 +333,7 @@ int main(int argc, char **argv) {
     if (!buf) return 1;
     for (int kind = 0; kind < 2; kind++) {
       random_selection(&s, kind);
-      size_t n = distro__wire2_encode(buf, cap, ts, NT, v, PEER, 42 + (uint64_t)c, s.idx, s.val, NULL);
+      size_t n = distro__wire2_encode(buf, cap, ts, NT, v, PEER, 42 + (uint64_t)c, s.idx, s.val);
       if (!n) die("seed encode failed");
       must_accept(buf, n, v);
       const uint8_t modes[3] = {(uint8_t)c, (uint8_t)(c | 0x38), (uint8_t)(c | 0x20)};
