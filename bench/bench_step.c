@@ -171,7 +171,7 @@ int main(int argc, char **argv) {
    * failed step changes nothing), used for the memory estimate. */
   int state, held;
   if (o.algorithm == DISTRO_ALG_ADAMW) state = 2, held = 3;       /* m, v (+ reduce buffer) */
-  else if (o.update == DISTRO_UPDATE_ADAMW) state = 3, held = 4;  /* momentum, m, v */
+  else if (o.update == DISTRO_UPDATE_ADAMW) state = 2, held = 3;  /* momentum, v */
   else state = 1, held = 2;                                       /* momentum */
   int full = is_llama ? 16 : 12;
   int64_t avail = proc_kb("/proc/meminfo", "MemAvailable");
