@@ -437,8 +437,6 @@ Test(gpt_errors, bad_flags) {
   expect_error("--optim decoupled --syncer ipc:///nonexistent/x.ipc --learner-id 0 --serve-endpoint tcp://10.0.0.1:* "
                "--layers 1 --dim 32 --heads 2 --context 32 --ranks 1 --steps 2",
                1, "or set insecure");
-#endif
-#ifdef SYNC_SYNCER_BIN
   /* The serve endpoint reaches the library (checked when the learner is created; no syncer needed). */
   expect_error("--optim decoupled --syncer ipc:///nonexistent/x.ipc --learner-id 0 --serve-endpoint bogus://x "
                "--layers 1 --dim 32 --heads 2 --context 32 --ranks 1 --steps 2",

@@ -365,10 +365,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--curve-server-key")) { c.curve_server_key = v; decoupled_flags = 1; }
     else if (!strcmp(a, "--curve-keypair")) { c.curve_keypair = v; decoupled_flags = 1; }
     else if (!strcmp(a, "--sync-timeout")) {
-      char *end;
-      c.sync_timeout = strtod(v, &end);
-      if (*end || !(c.sync_timeout > 0.2) || c.sync_timeout > 3600)
+      float f = 0;
+      rc = parse_float(a, v, 0, &f);
+      if (!rc && !(f > 0.2f && f <= 3600))
         return bad("--sync-timeout must be a number of seconds in (0.2, 3600] (got '%s')%s", v, "");
+      c.sync_timeout = f;
       decoupled_flags = 1;
     }
     else if (!strcmp(a, "--learner-id")) {

@@ -538,22 +538,14 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
 
 /* ---- save / load -------------------------------------------------------------- */
 
-/* The state arrays of a tensor, in the order of the state file
- * (src/optim/state_io.c): DeMo momentum and DisTrO-AdamW's v, or the
- * baseline's m and v. */
+/* The state arrays of a tensor, device and host, in the order of the state
+ * file (distro__state_arrays). */
 static int state_arrays(const distro_options *opt, cuda_param *p, distro__param *hp, float **dev[3], float **host[3]) {
-  int n = 0;
-  if (opt->algorithm == DISTRO_ALG_DEMO) {
-    dev[n] = &p->mom;
-    host[n++] = &hp->mom;
-  }
-  if (distro__uses_adam(opt)) {
-    if (opt->algorithm != DISTRO_ALG_DEMO) {
-      dev[n] = &p->m;
-      host[n++] = &hp->m;
-    }
-    dev[n] = &p->v;
-    host[n++] = &hp->v;
+  distro__state_array kinds[3];
+  const int n = distro__state_arrays(opt, kinds);
+  for (int a = 0; a < n; a++) {
+    dev[a] = kinds[a] == DISTRO__STATE_MOM ? &p->mom : kinds[a] == DISTRO__STATE_M ? &p->m : &p->v;
+    host[a] = kinds[a] == DISTRO__STATE_MOM ? &hp->mom : kinds[a] == DISTRO__STATE_M ? &hp->m : &hp->v;
   }
   return n;
 }

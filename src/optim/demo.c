@@ -105,6 +105,8 @@ static double seconds_between(double *t) {
  * commits, so v' is staged in v_next; otherwise the apply phase recomputes
  * it (no staging memory). There is no first moment: the compressed momentum
  * is the update's momentum. */
+static inline float second_moment(float v, float g, float b2) { return b2 * v + (1.0f - b2) * g * g; }
+
 static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off, float *u) {
   const distro__tiling *t = &p->tiling;
   const float b2 = o->opt.beta2, eps = o->opt.eps;
@@ -115,7 +117,7 @@ static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off,
     const float *g = p->grad + off + b * t->cols, *v = p->v + off + b * t->cols;
     float *vn = p->v_next ? p->v_next + off + b * t->cols : NULL;
     for (int64_t d = 0; d < t->w; d++, e++) {
-      const float vj = b2 * v[d] + (1.0f - b2) * g[d] * g[d];
+      const float vj = second_moment(v[d], g[d], b2);
       u[e] = g[d] / (sqrtf(vj / c2) + eps);
       bad |= !isfinite(vj);
       if (vn) vn[d] = vj;
@@ -232,7 +234,7 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float step, 
     const float b2 = o->opt.beta2;
     const float *g = p->grad + off + b * cols;
     float *v = p->v + off + b * cols;
-    for (int64_t d = 0; d < w; d++) v[d] = b2 * v[d] + (1.0f - b2) * g[d] * g[d];
+    for (int64_t d = 0; d < w; d++) v[d] = second_moment(v[d], g[d], b2);
   }
   ws->t_decode += seconds_between(&clock);
 }

@@ -177,10 +177,10 @@ distro_status distro__optim_prepare(distro_optim *o) {
     o->tilings[i] = p->tiling;
     if (p->numel > o->max_numel) o->max_numel = p->numel;
     o->total_numel += p->numel;
-    if (adam) { /* DisTrO-AdamW keeps the second moment only (demo.c) */
-      if (!demo) p->m = zalloc_floats(p->numel);
+    if (adam) { /* the baseline keeps m and v, DisTrO-AdamW v only (demo.c) */
       p->v = zalloc_floats(p->numel);
-      if ((!demo && !p->m) || !p->v) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for AdamW moments of '%s'", p->name);
+      if (!demo) p->m = zalloc_floats(p->numel);
+      if (!p->v || (!demo && !p->m)) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for AdamW moments of '%s'", p->name);
       if (demo && o->opt.overlap) { /* staged until the exchange completes (demo.c) */
         p->v_next = zalloc_floats(p->numel);
         if (!p->v_next) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the staged AdamW moment of '%s'", p->name);

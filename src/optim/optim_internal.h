@@ -166,6 +166,11 @@ double distro__now(void);
 
 /* State files (state_io.c): one tensor's entry, shared by the optimizer and
  * the DiLoCo state. */
+/* A tensor's state arrays in state-file order: DeMo's momentum, then AdamW's
+ * m (the baseline only) and v. Returns how many (<= 3); the CUDA optimizer
+ * copies its device arrays in the same order. */
+typedef enum { DISTRO__STATE_MOM, DISTRO__STATE_M, DISTRO__STATE_V } distro__state_array;
+int distro__state_arrays(const distro_options *o, distro__state_array out[3]);
 void distro__state_put_tensor(distro__afile *w, const distro__param *p);
 distro_status distro__state_check_tensor(distro__rfile *r, const distro__param *p, int i);
 

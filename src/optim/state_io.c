@@ -19,16 +19,15 @@
 #define STATE_MAGIC "DSTROPT"
 #define STATE_VERSION 2u
 
-static int arrays_per_param(const distro_options *o) {
-  if (o->algorithm == DISTRO_ALG_DEMO) return distro__uses_adam(o) ? 2 : 1;
-  return 2;
+int distro__state_arrays(const distro_options *o, distro__state_array out[3]) {
+  int n = 0;
+  out[n++] = o->algorithm == DISTRO_ALG_DEMO ? DISTRO__STATE_MOM : DISTRO__STATE_M;
+  if (distro__uses_adam(o)) out[n++] = DISTRO__STATE_V;
+  return n;
 }
 
-/* The a-th saved array of a tensor: DeMo momentum, then DisTrO-AdamW's v;
- * the baseline's m, v. */
-static float **param_array(distro__param *p, const distro_options *o, int a) {
-  if (o->algorithm == DISTRO_ALG_DEMO) return a == 0 ? &p->mom : &p->v;
-  return a == 0 ? &p->m : &p->v;
+static float **param_array(distro__param *p, distro__state_array a) {
+  return a == DISTRO__STATE_MOM ? &p->mom : a == DISTRO__STATE_M ? &p->m : &p->v;
 }
 
 /* A tensor's entry, shared with the DiLoCo state: u32 name length, name,
@@ -83,12 +82,13 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
                      (uint32_t)o->opt.chunk, (uint32_t)o->opt.topk, (uint32_t)o->nparams};
   for (int i = 0; i < 6; i++) distro__afile_u32(&w, hdr[i]);
   distro__afile_u64(&w, (uint64_t)o->step);
-  const int arrays = arrays_per_param(&o->opt);
+  distro__state_array kinds[3];
+  const int arrays = distro__state_arrays(&o->opt, kinds);
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     distro__state_put_tensor(&w, p);
     for (int a = 0; a < arrays; a++)
-      distro__afile_write(&w, *param_array(p, &o->opt, a), sizeof(float) * (size_t)p->numel);
+      distro__afile_write(&w, *param_array(p, kinds[a]), sizeof(float) * (size_t)p->numel);
   }
   return distro__afile_commit(&w);
 fail:
@@ -124,7 +124,8 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   if (hdr[5] != (uint32_t)o->nparams)
     DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' holds %u tensors, this optimizer has %d", path, hdr[5], o->nparams);
   if (step < 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': negative step count", path);
-  const int arrays = arrays_per_param(&o->opt);
+  distro__state_array kinds[3];
+  const int arrays = distro__state_arrays(&o->opt, kinds);
   fresh = calloc((size_t)o->nparams * (size_t)arrays, sizeof *fresh);
   if (!fresh) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   for (int i = 0; i < o->nparams; i++) {
@@ -142,7 +143,7 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   for (int i = 0, n = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     for (int a = 0; a < arrays; a++, n++) {
-      float **slot = param_array(p, &o->opt, a);
+      float **slot = param_array(p, kinds[a]);
       free(*slot);
       *slot = fresh[n];
       fresh[n] = NULL;
