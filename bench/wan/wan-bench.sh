@@ -55,7 +55,10 @@ print_every=$(( steps / 5 > 0 ? steps / 5 : 1 ))
 overlap_args=${WAN_OVERLAP_ARGS:---overlap-step}
 if [ -z "$modes" ]; then
   modes="adamw distro distro-adamw diloco decoupled"
-  "$gpt" --help 2>&1 | grep -q -- "${overlap_args%% *}" && modes="$modes distro-overlap"
+  # Not `--help | grep -q`: grep exits at the first match, the trainer gets
+  # SIGPIPE and pipefail turns the match into a failure.
+  help=$("$gpt" --help 2>&1 || true)
+  case $help in *"${overlap_args%% *}"*) modes="$modes distro-overlap" ;; esac
 fi
 # Decoupled DiLoCo: the launcher's tuned syncer (python-free-examples/decoupled),
 # with timeouts long enough for a 400 ms queue on a 10 Mbit/s link.
