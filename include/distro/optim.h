@@ -20,7 +20,7 @@ typedef enum {
   DISTRO_UPDATE_SIGN,  /* DeMo reference: momentum of lr * g; p -= lr * sign(Q) */
   DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: each rank's AdamW second moment (its
                           own, never exchanged) normalizes its gradient
-                          before the compression; p -= 0.7 lr sign(Q)
+                          before the compression; p -= 0.75 lr sign(Q)
                           (docs/design.md). beta1 is unused: the compressed
                           momentum is the update's momentum. */
 } distro_update;

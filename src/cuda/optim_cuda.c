@@ -400,7 +400,7 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
       DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
     if (sign_update) {
       DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, lr, shrink, n));
-    } else { /* demo.c: p -= 0.7 lr sign(Q), then the second moment */
+    } else { /* demo.c: p -= 0.75 lr sign(Q), then the second moment */
       DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, DISTRO__ADAMW_SIGN_STEP * lr, shrink, n));
       DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->v, p->grad, n, h->opt.beta2));
     }

@@ -336,9 +336,9 @@ void dr_compare(const dr_model *m, int ti, const float *p0, const float *p1, dr_
   double lr = m->lr;
   const int sign = cfg->algorithm == DISTRO_ALG_DEMO && cfg->update == DISTRO_UPDATE_SIGN;
   const int distro_adamw = cfg->algorithm == DISTRO_ALG_DEMO && cfg->update == DISTRO_UPDATE_ADAMW;
-  /* Both DeMo updates: p -= step sign(Q), step = lr (sign) or 0.7 lr
+  /* Both DeMo updates: p -= step sign(Q), step = lr (sign) or 0.75 lr
    * (DisTrO-AdamW; the library multiplies in float32). */
-  const double step = distro_adamw ? 0.7 * lr : lr, stol = distro_adamw ? 1e-6 * step : 0.0;
+  const double step = distro_adamw ? 0.75 * lr : lr, stol = distro_adamw ? 1e-6 * step : 0.0;
   double bc1 = 1 - pow(cfg->beta1, (double)m->step), bc2 = 1 - pow(cfg->beta2, (double)m->step);
   memset(out, 0, sizeof *out);
   out->first = -1;
