@@ -107,10 +107,9 @@ static double seconds_between(double *t) {
  * is the update's momentum. */
 static inline float second_moment(float v, float g, float b2) { return b2 * v + (1.0f - b2) * g * g; }
 
-static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off, float *u) {
+static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off, float c2, float *u) {
   const distro__tiling *t = &p->tiling;
   const float b2 = o->opt.beta2, eps = o->opt.eps;
-  const float c2 = (float)(1.0 - pow((double)b2, (double)(o->step + 1)));
   int bad = 0;
   int64_t e = 0;
   for (int64_t b = 0; b < t->h; b++) {
@@ -153,7 +152,7 @@ static void sign_row(float *restrict p, const float *restrict q, float shrink, f
  * gradient reaches every coefficient of its tile through the transform, so
  * this check replaces a scan of the gradient (and also catches a momentum
  * that overflowed). */
-static int compress_tile(distro_optim *o, int i, int64_t c, float s, tile_ws *ws) {
+static int compress_tile(distro_optim *o, int i, int64_t c, float s, float c2, tile_ws *ws) {
   distro__param *p = &o->params[i];
   const distro__tiling *t = &p->tiling;
   const int64_t h = t->h, w = t->w, k = t->k, cols = t->cols;
@@ -162,7 +161,7 @@ static int compress_tile(distro_optim *o, int i, int64_t c, float s, tile_ws *ws
   const float *x = p->grad + off;
   int64_t ld = cols;
   if (o->opt.update == DISTRO_UPDATE_ADAMW) {
-    if (!adam_tile(o, p, off, ws->b)) return 0;
+    if (!adam_tile(o, p, off, c2, ws->b)) return 0;
     x = ws->b;
     ld = w;
   }
@@ -266,6 +265,8 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
   /* The sign variant folds lr into the momentum (the reference's choice);
    * DisTrO-AdamW accumulates its normalized gradient. */
   const float scale = sign_update ? lr : 1.0f;
+  /* DisTrO-AdamW's bias correction of the second moment, once per step. */
+  const float c2 = (float)(1.0 - pow((double)o->opt.beta2, (double)(o->step + 1)));
   int64_t bad_tile = INT64_MAX;
   memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
   double t0 = distro__now();
@@ -278,7 +279,7 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
       int64_t c;
       const int i = tile_tensor(o, g, &c);
       prefetch_tile(o, g + 1, PF_GRAD | PF_MOM | PF_NEXT | (sign_update ? 0 : PF_ADAM));
-      if (!compress_tile(o, i, c, scale, &ws) && g < bad_tile) bad_tile = g;
+      if (!compress_tile(o, i, c, scale, c2, &ws) && g < bad_tile) bad_tile = g;
     }
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
   }
@@ -326,7 +327,8 @@ void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s) {
     for (int64_t g = 0; g < ntiles; g++) {
       int64_t c;
       const int i = tile_tensor(o, g, &c);
-      prefetch_tile(o, g + 1, PF_PARAM | (sign_update ? 0 : PF_GRAD | PF_ADAM));
+      /* DisTrO-AdamW reads g and v here unless v' was staged (overlap). */
+      prefetch_tile(o, g + 1, PF_PARAM | (sign_update || o->opt.overlap ? 0 : PF_GRAD | PF_ADAM));
       apply_tile(o, i, c, lr, step, &ws);
     }
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
