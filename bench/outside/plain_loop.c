@@ -13,6 +13,9 @@
  * the one changed field. Same lr and schedule (5% warm-up, cosine to 10%),
  * same data order, same initial weights. Prints the final loss on a held-out
  * split (the text's last 5%) and the bytes each rank sent per step.
+ * The model is python-free-examples/replace_adamw's, copied on purpose: run.sh
+ * compiles this one file as an outside program, and the examples stay
+ * standalone (their README quotes their diff).
  *
  *   plain_loop --data FILE --optim adamw|distro-adamw --lr X [--seed N]
  *              [--steps 300] [--ranks 4] [--batch 64] */

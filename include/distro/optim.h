@@ -66,9 +66,10 @@ typedef struct distro_options {
                                   t-1 and leaves its own exchange running on a
                                   helper thread, hidden behind the caller's
                                   next forward/backward. The delay costs loss:
-                                  +15% (DisTrO-AdamW) and +18% (sign) on the
-                                  demo model (docs/design.md "Overlap"). See
-                                  "Overlap" below. */
+                                  +15% (DisTrO-AdamW, measured with its 0.7 lr
+                                  step) and +18% (sign) on the demo model
+                                  (docs/design.md "Overlap"). See "Overlap"
+                                  below. */
 } distro_options;
 
 /* Defaults, the same for every algorithm: lr 4e-4, beta 0.9/0.95, eps 1e-8,
