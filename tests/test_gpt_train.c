@@ -183,7 +183,7 @@ Test(gpt_train, resume_continues_the_same_run) {
   }
 }
 
-/* --overlap-step: the first step sends nothing yet (it only starts its
+/* --overlap-step and --overlap-stale: the first step sends nothing yet (it only starts its
  * exchange), every later one completes the previous one; the last exchange
  * is flushed before the final validation and counted; a run stopped and
  * resumed (each flushes where it saves) equals one that saves at the same
@@ -195,18 +195,20 @@ static unsigned long long library_sent(const char *out) {
 }
 
 Test(gpt_train, overlap_step_flushes_resumes_and_learns) {
-  for (int i = 1; i < 3; i++) {
+  static const char *const flag[] = {"--overlap-step", "--overlap-stale"}, *const says[] = {"look-ahead", "one-step-stale"};
+  for (int j = 0; j < 4; j++) {
+    const int i = 1 + j % 2, m = j / 2;
     char args[2048], full[400], part[400], ck[400], ck2[400], a[30][32], b[30][32], sent[30][32], tot[30][32];
     snprintf(full, sizeof full, "%s/ofull.%s.csv", dir, OPTIMS[i]);
     snprintf(part, sizeof part, "%s/opart.%s.csv", dir, OPTIMS[i]);
     snprintf(ck, sizeof ck, "%s/ock.%s.bin", dir, OPTIMS[i]);
     snprintf(ck2, sizeof ck2, "%s/ock2.%s.bin", dir, OPTIMS[i]);
     snprintf(args, sizeof args,
-             "--optim %s --overlap-step --steps 24 --eval-every 8 --save-every 11 --save '%s' --checksum --log '%s'",
-             OPTIMS[i], ck2, full);
+             "--optim %s %s --steps 24 --eval-every 8 --save-every 11 --save '%s' --checksum --log '%s'",
+             OPTIMS[i], flag[m], ck2, full);
     char *out = train(args);
     const unsigned long long want = checksum_of(out), total = library_sent(out);
-    cr_assert(strstr(out, "one-step-stale"), "%s", out);
+    cr_assert(strstr(out, says[m]), "%s", out);
     free(out);
     cr_assert_eq(csv_column(full, 6, sent, 30), 24);
     cr_assert_eq(csv_column(full, 8, tot, 30), 24);
@@ -221,11 +223,11 @@ Test(gpt_train, overlap_step_flushes_resumes_and_learns) {
     const double flushed = (double)total - atof(tot[23]), step = 2 * atof(sent[23]);
     cr_assert(flushed > 0.5 * step && flushed < 2 * step, "%s: %llu bytes in all, %s logged: the flush's %.0f vs a "
               "step's %.0f", OPTIMS[i], total, tot[23], flushed, step);
-    snprintf(args, sizeof args, "--optim %s --overlap-step --steps 24 --eval-every 8 --stop-after 11 --save '%s' "
-             "--log '%s'", OPTIMS[i], ck, part);
+    snprintf(args, sizeof args, "--optim %s %s --steps 24 --eval-every 8 --stop-after 11 --save '%s' "
+             "--log '%s'", OPTIMS[i], flag[m], ck, part);
     free(train(args));
-    snprintf(args, sizeof args, "--optim %s --overlap-step --steps 24 --eval-every 8 --save-every 11 --save '%s' "
-             "--checksum --resume '%s' --log '%s'", OPTIMS[i], ck2, ck, part);
+    snprintf(args, sizeof args, "--optim %s %s --steps 24 --eval-every 8 --save-every 11 --save '%s' "
+             "--checksum --resume '%s' --log '%s'", OPTIMS[i], flag[m], ck2, ck, part);
     out = train(args);
     cr_assert_eq(checksum_of(out), want, "%s: the resumed overlapped run ends elsewhere\n%s", OPTIMS[i], out);
     free(out);
@@ -454,9 +456,9 @@ Test(gpt_errors, bad_flags) {
   expect_error("--compare --optim decoupled", 2, "--compare does not take --optim decoupled");
   expect_error("--optim adamw --inner distro", 2, "--inner is a DiLoCo setting");
   expect_error("--optim decoupled --inner sgd", 2, "--inner: 'sgd' is not one of adamw, distro, distro-adamw");
-  expect_error("--optim adamw --overlap-step", 2, "--overlap-step is for --optim distro or distro-adamw");
-  expect_error("--optim diloco --overlap-step", 2, "--overlap-step is for --optim distro or distro-adamw");
-  expect_error("--compare --overlap-step", 2, "--overlap-step is for --optim distro or distro-adamw");
+  expect_error("--optim adamw --overlap-step", 2, "--overlap-step and --overlap-stale are for --optim distro or distro-adamw");
+  expect_error("--optim diloco --overlap-step", 2, "--overlap-step and --overlap-stale are for --optim distro or distro-adamw");
+  expect_error("--compare --overlap-step", 2, "--overlap-step and --overlap-stale are for --optim distro or distro-adamw");
   char *out;
   char cmd[600];
   snprintf(cmd, sizeof cmd, "'%s' --help", GPT_TRAIN);

@@ -1,15 +1,16 @@
-/* The one-step-stale DeMo step (options.overlap):
- *  - on the same gradients it applies exactly what the blocking step applies,
- *    one call later (bit for bit, with a different thread count, while the
- *    caller runs its own all-reduce on the same comm), and the flush applies
- *    the last one;
- *  - with gradients computed at the stale parameters it matches the float64
- *    reference (tests/support/demo_ref.c) applied one step late;
- *  - the first step moves nothing; save/load refuse an exchange in flight,
- *    and a flushed save resumes bit for bit;
+/* The overlapped DeMo step (options.overlap):
+ *  - STALE: on the same gradients it applies exactly what the blocking step
+ *    applies, one call later (bit for bit, with a different thread count,
+ *    while the caller runs its own all-reduce on the same comm), and the
+ *    flush applies the last one; with gradients computed at the stale
+ *    parameters it matches the float64 reference (tests/support/demo_ref.c)
+ *    applied one step late; the first step moves nothing;
  *  - a failed background exchange (non-finite gradient, corrupted payload,
  *    stopped peer) is reported by the next call on every rank, and nothing
- *    of it is applied anywhere;
+ *    of it is applied anywhere; with LOOKAHEAD the failing call leaves the
+ *    agreed parameters (the provisional step itself: test_lookahead.c);
+ *  - LOOKAHEAD: save/load refuse an exchange in flight, and a flushed save
+ *    resumes bit for bit;
  *  - what it refuses: AdamW, bad values, ranks that disagree, DiLoCo, a comm
  *    that cannot be duplicated.
  * Inputs are fresh each run; a failure prints DISTRO_TEST_SEED to replay. */
@@ -28,67 +29,7 @@
 #include "demo_ref.c"
 #include "corrupt_comm.h"
 
-static const char *const names[] = {"m96x128", "v100", "m67x64", "t2x48x50", "s1", "v768"};
-static const int ndims[] = {2, 1, 2, 3, 1, 1};
-static const int64_t sh0[] = {96, 128}, sh1[] = {100}, sh2[] = {67, 64}, sh3[] = {2, 48, 50}, sh4[] = {1},
-                     sh5[] = {768};
-static const int64_t *const shapes[] = {sh0, sh1, sh2, sh3, sh4, sh5};
-#define NT ((int)(sizeof ndims / sizeof ndims[0]))
-
-static uint64_t mix(uint64_t seed, uint64_t a) {
-  tu_rng r = {seed ^ (a * 0x9e3779b97f4a7c15ULL)};
-  return tu_next(&r);
-}
-
-static int64_t numel(int t) { return dr_shape_numel(ndims[t], shapes[t]); }
-
-static void setup(dr_run *x, distro_options opt, int world, int steps, int threads, uint64_t seed) {
-  memset(x, 0, sizeof *x);
-  x->opt = opt;
-  x->world = world;
-  x->steps = steps;
-  x->nt = NT;
-  x->names = names;
-  x->ndims = ndims;
-  x->shapes = shapes;
-  x->omp_threads = threads;
-  cr_assert_eq(dr_run_prepare(x, seed, 1.0), 0, "out of memory");
-  /* A schedule: applying a step with another step's lr shows. */
-  for (int s = 0; s < steps; s++) x->lrs[s] = (opt.update == DISTRO_UPDATE_SIGN ? 0.01 : 2e-3) * (1.0 + 0.3 * s);
-}
-
-static void run_ok(dr_run *x, const char *label, uint64_t seed) {
-  distro_status st = dr_run_exec(x);
-  cr_assert_eq(st, DISTRO_OK, "%s world %d: %s / %s (DISTRO_TEST_SEED=%llu)", label, x->world, x->err[0],
-               x->err[x->world - 1], (unsigned long long)seed);
-}
-
-static int same(const float *a, const float *b, int t) { return !memcmp(a, b, sizeof(float) * (size_t)numel(t)); }
-
-typedef struct {
-  const char *label;
-  distro_update update;
-  distro_values values;
-  int wire, drop;
-} mode;
-
-static const mode modes[] = {
-    {"sign/int8 (defaults)", DISTRO_UPDATE_SIGN, DISTRO_VALUES_INT8, 2, 0},
-    {"sign/f32/wire-v1", DISTRO_UPDATE_SIGN, DISTRO_VALUES_F32, 1, 0},
-    {"adamw-update/int8", DISTRO_UPDATE_ADAMW, DISTRO_VALUES_INT8, 2, 0},
-    {"adamw-update/sign1/drop-invalid", DISTRO_UPDATE_ADAMW, DISTRO_VALUES_SIGN1, 2, 1},
-};
-
-static distro_options mode_opts(const mode *m, int overlap) {
-  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
-  o.update = m->update;
-  o.values = m->values;
-  o.wire_version = m->wire;
-  o.drop_invalid_peers = m->drop;
-  o.topk = 8;
-  o.overlap = overlap;
-  return o;
-}
+#include "overlap_fixture.h"
 
 /* Same gradients: the overlapped run's parameters after call s+1 are the
  * blocking run's after step s, bit for bit, on every rank; after call 1
@@ -104,7 +45,7 @@ Test(overlap, one_step_lag_of_the_blocking_step, .timeout = 120) {
       const uint64_t s0 = mix(seed, mi * 8 + (uint64_t)world);
       dr_run b, v;
       setup(&b, mode_opts(md, 0), world, steps, 1, s0);
-      setup(&v, mode_opts(md, 1), world, steps, 2, s0);
+      setup(&v, mode_opts(md, DISTRO_OVERLAP_STALE), world, steps, 2, s0);
       v.flush = 1;
       v.comm_check = 1;
       run_ok(&b, md->label, seed);
@@ -228,7 +169,7 @@ static distro_options ref_opts(distro_update u, distro_values val) {
   o.values = val;
   o.chunk = 64;
   o.topk = 32;
-  o.overlap = 1;
+  o.overlap = DISTRO_OVERLAP_STALE;
   return o;
 }
 
@@ -361,13 +302,41 @@ static void expect_blocking_equivalent(const fx *f, const int *applied, int napp
   fx_free(&b);
 }
 
+/* The same scripted run with look-ahead: every call has the same status,
+ * the failing call leaves every rank at the agreed parameters (the stale
+ * run's at that call, bit for bit: the provisional step is dropped), and
+ * the flush ends where the stale run ends. */
+static void expect_lookahead_twin(const fx *stale, int failing_call, uint64_t seed) {
+  fx la = *stale;
+  la.opt.overlap = DISTRO_OVERLAP_LOOKAHEAD;
+  fx_init(&la, la.opt, stale->world, stale->ncalls, stale->seed);
+  memcpy(la.gidx, stale->gidx, sizeof la.gidx);
+  la.nan_rank = stale->nan_rank, la.nan_call = stale->nan_call, la.corrupt_rank = stale->corrupt_rank;
+  la.arm_call = stale->arm_call, la.disarm_call = stale->disarm_call, la.flush_after_arm = stale->flush_after_arm;
+  la.stop_rank = stale->stop_rank, la.stop_after = stale->stop_after, la.timeout = stale->timeout;
+  cr_assert_eq(distro_comm_run_local(stale->world, fx_rank, &la), DISTRO_OK, "%s", distro_last_error());
+  const int last = stale->stop_rank >= 0 ? stale->stop_after : stale->ncalls;
+  for (int r = 0; r < stale->world; r++) {
+    const int calls = r == stale->stop_rank ? last : stale->ncalls;
+    for (int c = 0; c < calls; c++)
+      cr_assert_eq(la.st[c][r], stale->st[c][r], "look-ahead rank %d call %d: %s (%s)", r, c + 1,
+                   distro_status_string(la.st[c][r]), la.msg[c][r]);
+    if (r == stale->stop_rank) continue;
+    cr_assert(same_all(la.snap[failing_call][r], stale->snap[failing_call][r]),
+              "look-ahead rank %d: after the failing call the parameters are not the agreed ones (DISTRO_TEST_SEED=%llu)",
+              r, (unsigned long long)seed);
+    cr_assert(same_all(la.final[r], stale->final[r]), "look-ahead rank %d: the flush ends elsewhere", r);
+  }
+  fx_free(&la);
+}
+
 /* A NaN on rank 1 at call 3: call 3 succeeds everywhere (it only starts the
  * exchange), call 4 fails on every rank with the non-finite error of step
  * 3 and moves nothing; later calls start afresh. Applied: steps 1, 2, 5-7. */
 Test(overlap, nonfinite_gradient_fails_the_next_call_everywhere, .timeout = 60) {
   const uint64_t seed = tu_seed();
   for (int u = 0; u < 2; u++) {
-    distro_options o = mode_opts(&modes[u ? 2 : 0], 1);
+    distro_options o = mode_opts(&modes[u ? 2 : 0], DISTRO_OVERLAP_STALE);
     fx f;
     fx_init(&f, o, 3, 7, mix(seed, 300 + (uint64_t)u));
     f.nan_rank = 1;
@@ -384,6 +353,7 @@ Test(overlap, nonfinite_gradient_fails_the_next_call_everywhere, .timeout = 60) 
     }
     const int applied[] = {0, 1, 4, 5, 6};
     expect_blocking_equivalent(&f, applied, 5, seed);
+    expect_lookahead_twin(&f, 3, seed);
     fx_free(&f);
   }
 }
@@ -395,7 +365,7 @@ Test(overlap, nonfinite_gradient_fails_the_next_call_everywhere, .timeout = 60) 
 Test(overlap, corrupted_payload_in_the_background, .timeout = 60) {
   const uint64_t seed = tu_seed();
   fx f;
-  fx_init(&f, mode_opts(&modes[0], 1), 3, 7, mix(seed, 400));
+  fx_init(&f, mode_opts(&modes[0], DISTRO_OVERLAP_STALE), 3, 7, mix(seed, 400));
   f.corrupt_rank = 2;
   f.arm_call = 3;
   f.disarm_call = 4;
@@ -409,9 +379,10 @@ Test(overlap, corrupted_payload_in_the_background, .timeout = 60) {
   }
   const int applied[] = {0, 1, 2, 5, 6};
   expect_blocking_equivalent(&f, applied, 5, seed);
+  expect_lookahead_twin(&f, 4, seed);
   fx_free(&f);
 
-  distro_options o = mode_opts(&modes[0], 1);
+  distro_options o = mode_opts(&modes[0], DISTRO_OVERLAP_LOOKAHEAD);
   o.drop_invalid_peers = 1;
   fx_init(&f, o, 3, 5, mix(seed, 401));
   f.corrupt_rank = 2;
@@ -436,7 +407,7 @@ Test(overlap, corrupted_payload_in_the_background, .timeout = 60) {
 Test(overlap, stopped_peer_times_out, .timeout = 60) {
   const uint64_t seed = tu_seed();
   fx f;
-  fx_init(&f, mode_opts(&modes[0], 1), 2, 4, mix(seed, 500));
+  fx_init(&f, mode_opts(&modes[0], DISTRO_OVERLAP_STALE), 2, 4, mix(seed, 500));
   f.stop_rank = 1;
   f.stop_after = 1;
   f.timeout = 0.3;
@@ -449,6 +420,7 @@ Test(overlap, stopped_peer_times_out, .timeout = 60) {
   cr_assert_eq(f.st[3][0], DISTRO_ERR_TIMEOUT, "call 4: %s", distro_status_string(f.st[3][0]));
   cr_assert(strstr(f.msg[3][0], "earlier background exchange timed out") != NULL, "%s", f.msg[3][0]);
   cr_assert_eq(f.flush_st[0], DISTRO_OK, "nothing is in flight after a failure: %s", f.flush_msg[0]);
+  expect_lookahead_twin(&f, 2, seed);
   fx_free(&f);
 }
 
@@ -508,7 +480,7 @@ Test(overlap, flush_and_save_rules) {
   cr_assert_not_null(mkdtemp(dir));
   char path[600];
   snprintf(path, sizeof path, "%s/state", dir);
-  sl_case k = {.opt = mode_opts(&modes[2], 1), .path = path};
+  sl_case k = {.opt = mode_opts(&modes[2], DISTRO_OVERLAP_LOOKAHEAD), .path = path};
   k.save_pending = k.load_pending = k.save_flushed = DISTRO_ERR_CUDA; /* none of the expected */
   cr_assert_eq(distro_comm_run_local(2, sl_rank, &k), DISTRO_OK, "%s", distro_last_error());
   cr_assert_eq(k.flush_idle, DISTRO_OK);
@@ -538,14 +510,15 @@ Test(overlap, flushed_save_resumes_bit_identically, .timeout = 60) {
   snprintf(fmt, sizeof fmt, "%s/state.%%d", dir);
   const int world = 2, steps = 6, at = 3;
   dr_run a;
-  setup(&a, mode_opts(&modes[2], 1), world, steps, 0, mix(seed, 600));
+  setup(&a, mode_opts(&modes[2], DISTRO_OVERLAP_LOOKAHEAD), world, steps, 0, mix(seed, 600));
   a.save_fmt = fmt;
   a.save_after = at;
   a.flush = 1;
   run_ok(&a, "save", seed);
   for (int blocking = 0; blocking < 2; blocking++) {
     dr_run b;
-    setup(&b, mode_opts(&modes[2], !blocking), world, steps - at, 0, mix(seed, 601));
+    setup(&b, mode_opts(&modes[2], blocking ? DISTRO_OVERLAP_OFF : DISTRO_OVERLAP_LOOKAHEAD), world, steps - at, 0,
+          mix(seed, 601));
     b.flush = 1;
     b.load_fmt = fmt;
     for (int t = 0; t < NT; t++) memcpy(b.init[t], dr_snap(&a, at - 1, 0, t), sizeof(float) * (size_t)numel(t));
@@ -634,7 +607,7 @@ Test(overlap, refusals) {
   distro_optim *o = NULL;
   cr_assert_eq(distro_comm_local_group(1, &c), DISTRO_OK);
   distro_options bad = distro_options_default(DISTRO_ALG_DEMO);
-  bad.overlap = 2;
+  bad.overlap = 3;
   cr_assert_eq(distro_optim_create(&bad, c, &o), DISTRO_ERR_INVALID);
   cr_assert(strstr(distro_last_error(), "overlap") != NULL, "%s", distro_last_error());
   cr_assert_null(o);
@@ -643,7 +616,7 @@ Test(overlap, refusals) {
   cr_assert_eq(distro_optim_create(&adam, c, &o), DISTRO_ERR_UNSUPPORTED, "%s", distro_last_error());
   cr_assert_null(o);
   /* DiLoCo reads the parameters after each inner step. */
-  distro_options ov = mode_opts(&modes[0], 1);
+  distro_options ov = mode_opts(&modes[0], DISTRO_OVERLAP_LOOKAHEAD);
   cr_assert_eq(distro_optim_create(&ov, c, &o), DISTRO_OK);
   float p[4] = {0}, g[4] = {0};
   const int64_t sh[] = {4};

@@ -15,7 +15,8 @@
 # into a copy of an earlier run's directory and replacing its lines there).
 #
 # An optimizer named X-overlap (distro-overlap, distro-adamw-overlap) runs X
-# with --overlap-step, the one-step-stale exchange.
+# with --overlap-step (the look-ahead overlap); X-stale (distro-stale,
+# distro-adamw-stale) with --overlap-stale, the one-step-stale exchange.
 # small: the demo model (4 layers, width 128, 842,496 parameters), 300 steps.
 # large: 5 layers, width 256, 8 heads (4.03 M parameters, 4.8x), 900 steps (3x).
 # Both: 2 ranks x batch 8 x context 128 (DiLoCo: 4 learners x batch 4, the
@@ -79,8 +80,12 @@ for size in "${S_RUN[@]}"; do
       # DiLoCo's 4 learners split the baseline's 2 ranks x batch 8: the same tokens.
       extra="" gopt=$opt
       [ "$opt" = diloco ] && extra="--batch 4"
-      # X-overlap: optimizer X with the one-step-stale exchange (--overlap-step).
-      case "$opt" in *-overlap) gopt=${opt%-overlap} extra="--overlap-step" ;; esac
+      # X-overlap / X-stale: optimizer X with the look-ahead / one-step-stale
+      # exchange in the background.
+      case "$opt" in
+        *-overlap) gopt=${opt%-overlap} extra="--overlap-step" ;;
+        *-stale) gopt=${opt%-stale} extra="--overlap-stale" ;;
+      esac
       # shellcheck disable=SC2086
       if ! "$gpt" --optim "$gopt" --seed "$seed" $flags $extra --print-every 100000 --log "$out/$tag.csv" \
              > "$out/$tag.log" 2>&1; then

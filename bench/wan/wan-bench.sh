@@ -11,8 +11,10 @@
 # width 64, context 64, 150 steps. --full: the demo model (4 layers, width
 # 128, context 128, 842,496 parameters), 300 steps. Both: batch 4 per rank,
 # so every row trains on the same tokens. Modes: adamw distro distro-adamw
-# diloco decoupled, and distro-overlap when `gpt-train --help` lists
-# $WAN_OVERLAP_ARGS (default --overlap-step). distro also runs with no limit
+# diloco decoupled, distro-overlap when `gpt-train --help` lists
+# $WAN_OVERLAP_ARGS (default --overlap-step: the look-ahead overlap), and
+# distro-stale (--overlap-stale) when it lists that. distro and the overlap
+# modes also run with no limit
 # (rate "none"): the floor its 10 Mbit/s step is compared with.
 # --resume keeps DIR's results and runs only the rows missing from them.
 # WAN_TIMEOUT (seconds, default 3600) bounds each run; one past it is
@@ -59,6 +61,7 @@ if [ -z "$modes" ]; then
   # SIGPIPE and pipefail turns the match into a failure.
   help=$("$gpt" --help 2>&1 || true)
   case $help in *"${overlap_args%% *}"*) modes="$modes distro-overlap" ;; esac
+  case $help in *--overlap-stale*) modes="$modes distro-stale" ;; esac
 fi
 # Decoupled DiLoCo: the launcher's tuned syncer (python-free-examples/decoupled),
 # with timeouts long enough for a 400 ms queue on a 10 Mbit/s link.
@@ -79,6 +82,7 @@ args_of() { # mode -> gpt-train flags
     adamw | distro | distro-adamw) echo "--optim $1" ;;
     diloco) echo "--optim diloco --learners 4" ;;
     distro-overlap) echo "--optim distro $overlap_args" ;;
+    distro-stale) echo "--optim distro --overlap-stale" ;;
   esac
 }
 rate_name() { [ "$1" = 0 ] && echo none || echo "$1"; }
@@ -194,7 +198,7 @@ done
 
 runs=()
 for rate in $rates; do for m in $modes; do runs+=("$m:$rate"); done; done
-for m in $modes; do case $m in distro | distro-overlap) runs+=("$m:0") ;; esac; done
+for m in $modes; do case $m in distro | distro-overlap | distro-stale) runs+=("$m:0") ;; esac; done
 k=0
 start=$(now)
 for r in "${runs[@]}"; do

@@ -36,6 +36,18 @@ typedef enum {
                           (distro_diloco_options.sparse_values), not the DeMo step */
 } distro_values;
 
+/* options.overlap (DeMo only; docs/design.md "Overlap"). */
+typedef enum {
+  DISTRO_OVERLAP_OFF = 0,       /* each step waits for its all-gather */
+  DISTRO_OVERLAP_LOOKAHEAD = 1, /* the exchange runs behind the caller's next
+                                   forward/backward; the caller's parameters
+                                   meanwhile hold the agreed ones plus this
+                                   rank's own provisional step */
+  DISTRO_OVERLAP_STALE = 2      /* the same exchange, no provisional step: the
+                                   caller's parameters are always the agreed,
+                                   one step late */
+} distro_overlap;
+
 #define DISTRO_OPTIONS_VERSION 3
 
 typedef struct distro_options {
@@ -60,16 +72,19 @@ typedef struct distro_options {
   float clip_median_multiple;  /* > 0: scale each peer's values of a tensor
                                   down to this multiple of the median norm
                                   across peers */
-  int overlap;                 /* DeMo only. 0 (default): each step waits for
-                                  its all-gather. 1: one-step-stale, as Psyche
-                                  does: step t applies the aggregate of step
-                                  t-1 and leaves its own exchange running on a
-                                  helper thread, hidden behind the caller's
-                                  next forward/backward. The delay costs loss:
-                                  +15% (DisTrO-AdamW, measured with its 0.7 lr
-                                  step) and +18% (sign) on the demo model
-                                  (docs/design.md "Overlap"). See "Overlap"
-                                  below. */
+  int overlap;                 /* DeMo only, a distro_overlap. OFF (default):
+                                  each step waits for its all-gather.
+                                  LOOKAHEAD: step t starts its exchange on a
+                                  helper thread and applies the aggregate of
+                                  step t-1; until the next step the caller's
+                                  parameters are the agreed ones plus this
+                                  rank's own provisional step, so the next
+                                  gradient is taken close to where the
+                                  parameters are going (demo model, six
+                                  seeds: +1.1% loss against the blocking
+                                  step). STALE: the same without the
+                                  provisional step, as Psyche runs DeMo
+                                  (+15-18%). See "Overlap" below. */
 } distro_options;
 
 /* Defaults, the same for every algorithm: lr 4e-4, beta 0.9/0.95, eps 1e-8,
@@ -128,16 +143,29 @@ DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name
  * lr (for schedules). Collective: every rank must call it. On any failure no
  * parameter and no optimizer state has changed, on any rank.
  *
- * Overlap (options.overlap = 1, DeMo only; docs/design.md "Overlap"):
+ * Overlap (options.overlap, DeMo only; docs/design.md "Overlap"):
  *  - Step t waits for the exchange of step t-1, commits its momentum,
  *    compresses this step's gradient, starts its exchange on a helper
  *    thread owned by the optimizer, then applies the aggregate of step t-1
- *    (with step t-1's lr). The parameters after step t are those the
- *    blocking step gives after t-1 steps on the same gradients; the
- *    gradient of step t was computed at those one-step-stale parameters.
+ *    (with step t-1's lr). The agreed parameters after step t are those the
+ *    blocking step gives after t-1 steps on the same gradients, on every
+ *    rank.
+ *  - STALE: the caller's parameters are the agreed ones; the gradient of
+ *    step t+1 is taken at parameters one update behind.
+ *  - LOOKAHEAD: on return the caller's parameters are the agreed ones minus
+ *    this rank's provisional step (DISTRO__AHEAD_* of the update's step,
+ *    times the sign of the inverse DCT of its own selection of step t): an
+ *    estimate of the update in flight, different on each rank. The agreed
+ *    parameters are kept inside the optimizer (4 bytes per parameter) and
+ *    replace the caller's at the next step or flush, so changes the caller
+ *    makes to its parameters while an exchange is in flight are lost;
+ *    without one in flight (the first step, after a flush or a failure)
+ *    the caller's parameters are taken as the agreed ones. Evaluate, save
+ *    or compare ranks after distro_optim_flush: the parameters are then
+ *    the agreed ones, bit-identical on every rank.
  *  - The first step (and the first after a flush or a failure) has nothing
- *    to apply: the parameters do not move. Stats report the exchange that
- *    completed in the call (bytes, decode, dropped peers);
+ *    to apply: the agreed parameters do not move. Stats report the exchange
+ *    that completed in the call (bytes, decode, dropped peers);
  *    stats.step counts the steps whose aggregate has been applied.
  *  - The gradient buffers are read only during the call; the helper reads
  *    none of the caller's buffers, so the caller may run its next
@@ -153,14 +181,16 @@ DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name
  *    timeout) is reported by the next step or flush, on every rank:
  *    nothing of it is applied, its staged momentum is dropped, and that
  *    call's own gradient is not used either; the optimizer is left with no
- *    exchange in flight, as after a flush, and the next step starts afresh.
+ *    exchange in flight, as after a flush, and the next step starts afresh
+ *    (LOOKAHEAD: the caller's parameters are reset to the agreed ones).
  *  - Argument errors (a bad lr) are reported before anything is waited for
  *    and leave the exchange in flight. */
 DISTRO_API distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *stats /* may be NULL */);
 
 /* Overlap: waits for the exchange in flight, if any, and applies its
- * aggregate, so the parameters are those the blocking step would give after
- * the same steps. Call it on every rank after the last step (before the
+ * aggregate, so the parameters are the agreed ones: those the blocking step
+ * would give after the same steps, on every rank (LOOKAHEAD: without the
+ * provisional step). Call it on every rank after the last step (before the
  * final evaluation), and before distro_optim_save. Without an exchange in
  * flight (or without overlap) it does nothing and returns DISTRO_OK. A
  * failed exchange is reported as by distro_optim_step. Stats (may be NULL)

@@ -71,10 +71,12 @@ static void usage(FILE *f) {
 "  --chunk N           DisTrO: DCT chunk edge\n"
 "  --decay X           DisTrO: momentum decay\n"
 "  --values V          DisTrO: f32, bf16, sign1 (1 bit per value: a vote), int8, int4\n"
-"  --overlap-step      DisTrO (distro, distro-adamw): one-step-stale step: each step\n"
-"                      applies the previous step's aggregate and leaves its own\n"
-"                      all-gather running in the background, hidden behind the next\n"
-"                      forward/backward (options.overlap; docs/design.md \"Overlap\")\n"
+"  --overlap-step      DisTrO (distro, distro-adamw): each step applies the previous\n"
+"                      step's aggregate and leaves its own all-gather running in the\n"
+"                      background, hidden behind the next forward/backward; meanwhile\n"
+"                      each rank steps along its own selection (look-ahead;\n"
+"                      options.overlap; docs/design.md \"Overlap\")\n"
+"  --overlap-stale     the same without the look-ahead step (one-step-stale, as Psyche)\n"
 "                      defaults, tuned on the demo setting (README.md):\n"
 "%s"
 "DiLoCo (--optim diloco; docs/diloco.md)\n"
@@ -231,6 +233,7 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--quiet")) { c.quiet = 1; continue; }
     if (!strcmp(a, "--progress-thread")) { c.diloco.progress_thread = 1; diloco_flags = 1; continue; }
     if (!strcmp(a, "--overlap-step")) { c.overlap_step = 1; continue; }
+    if (!strcmp(a, "--overlap-stale")) { c.overlap_step = 2; continue; }
     if (!strcmp(a, "--insecure")) { c.insecure = 1; decoupled_flags = 1; continue; }
     static const char *const valued[] = {
         "--data",   "--layers",     "--dim",        "--heads",       "--context", "--optim",      "--lr",
@@ -441,8 +444,8 @@ int main(int argc, char **argv) {
                "sparseloco%s%s", "", "");
   if (c.warmup > c.steps) return bad("--warmup must be <= --steps%s%s", "", "");
   if (c.overlap_step && (compare || (c.optim != GPT_OPT_DISTRO && c.optim != GPT_OPT_DISTRO_ADAMW)))
-    return bad("--overlap-step is for --optim distro or distro-adamw (not adamw, DiLoCo, decoupled or "
-               "--compare)%s%s", "", "");
+    return bad("--overlap-step and --overlap-stale are for --optim distro or distro-adamw (not adamw, DiLoCo, "
+               "decoupled or --compare)%s%s", "", "");
   if (c.optim == GPT_OPT_ADAMW && !compare && (ov.topk || ov.chunk || ov.decay || ov.values))
     return bad("--topk, --chunk, --decay and --values are DisTrO settings; --optim adamw takes none%s%s", "", "");
   if (diloco_flags && !compare && c.optim != GPT_OPT_DILOCO && c.optim != GPT_OPT_DECOUPLED)
@@ -529,7 +532,8 @@ int main(int argc, char **argv) {
                  (double)c.diloco.outer_lr, (double)c.diloco.outer_momentum);
         if (step_optim_kind(&c) != GPT_OPT_ADAMW)
           printf(", topk %d, chunk %d, decay %g, %s values", c.topk, c.chunk, (double)c.decay, values_name(c.values));
-        if (c.overlap_step) printf(", one-step-stale (exchange in the background)");
+        if (c.overlap_step)
+          printf(", %s (exchange in the background)", c.overlap_step == 2 ? "one-step-stale" : "look-ahead overlap");
         printf("\n");
         fflush(stdout);
       }

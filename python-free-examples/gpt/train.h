@@ -43,7 +43,7 @@ typedef struct {
   int topk, chunk;
   float decay;       /* DeMo momentum decay */
   distro_values values;
-  int overlap_step;  /* DeMo: one-step-stale step, exchange in the background (options.overlap) */
+  int overlap_step;  /* DeMo: options.overlap (1 look-ahead, 2 stale): exchange in the background */
 
   /* DiLoCo (optim == GPT_OPT_DILOCO): `learners` x `ranks_per_learner` ranks,
    * each learner data-parallel inside with `inner`; the topk/chunk/decay/values

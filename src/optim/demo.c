@@ -213,7 +213,7 @@ static void aggregate_tile(const distro_optim *o, int i, int64_t c, float *coef,
 
 /* Tile c of tensor i: Q = inverse DCT of the aggregate; p = p (1 - lr wd)
  * - step sign(Q), then, unless it was staged, DisTrO-AdamW's second moment
- * for this step. */
+ * for this step. With look-ahead, p is the agreed copy (base). */
 static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float step, tile_ws *ws) {
   distro__param *p = &o->params[i];
   const distro__tiling *t = &p->tiling;
@@ -225,8 +225,9 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float step, 
   distro__dct_tile_inverse(&p->plan, ws->a, ws->b, w, ws->dct);
   ws->t_transform += seconds_between(&clock);
   const float shrink = 1.0f - lr * o->opt.weight_decay;
+  float *agreed = p->base ? p->base : p->param;
   for (int64_t b = 0; b < h; b++) {
-    float *pw = p->param + off + b * cols;
+    float *pw = agreed + off + b * cols;
     const float *q = ws->b + b * w;
     sign_row(pw, q, shrink, step, w);
     if (o->opt.update == DISTRO_UPDATE_SIGN || p->v_next) continue; /* no moment, or committed already */
@@ -235,6 +236,34 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float step, 
     float *v = p->v + off + b * cols;
     for (int64_t d = 0; d < w; d++) v[d] = second_moment(v[d], g[d], b2);
   }
+  ws->t_decode += seconds_between(&clock);
+}
+
+DISTRO__CLONES
+static void ahead_row(float *restrict p, const float *restrict base, const float *restrict q, float step, int64_t w) {
+  for (int64_t d = 0; d < w; d++) p[d] = base[d] - step * (float)((q[d] > 0) - (q[d] < 0));
+}
+
+/* Look-ahead, tile c of tensor i: the caller's parameters become the agreed
+ * ones minus `ahead` sign(inverse DCT of this rank's own selection) (the
+ * values before quantization), an estimate of the update still in flight;
+ * with ahead 0 exactly the agreed ones. */
+static void ahead_tile(distro_optim *o, int i, int64_t c, float ahead, tile_ws *ws) {
+  distro__param *p = &o->params[i];
+  const distro__tiling *t = &p->tiling;
+  const int64_t h = t->h, w = t->w, k = t->k, cols = t->cols;
+  const int64_t off = (c / t->tiles_c) * h * cols + (c % t->tiles_c) * w;
+  if (ahead == 0.0f) {
+    for (int64_t b = 0; b < h; b++)
+      memcpy(p->param + off + b * cols, p->base + off + b * cols, sizeof(float) * (size_t)w);
+    return;
+  }
+  double clock = distro__now();
+  memset(ws->a, 0, sizeof(float) * (size_t)t->chunk_elems);
+  for (int64_t j = 0; j < k; j++) ws->a[p->idx[c * k + j]] = p->val[c * k + j];
+  distro__dct_tile_inverse(&p->plan, ws->a, ws->b, w, ws->dct);
+  ws->t_transform += seconds_between(&clock);
+  for (int64_t b = 0; b < h; b++) ahead_row(p->param + off + b * cols, p->base + off + b * cols, ws->b + b * w, ahead, w);
   ws->t_decode += seconds_between(&clock);
 }
 
@@ -311,8 +340,9 @@ void distro__demo_commit(distro_optim *o) {
   }
 }
 
-void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s) {
+void distro__demo_apply(distro_optim *o, int agg, float lr, float ahead, distro_step_stats *s) {
   const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN, nt = step_threads(o);
+  const int lookahead = o->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD;
   const int64_t ntiles = o->tile_base[o->nparams];
   /* Every rank applies the same aggregate: each element moves by the sign
    * of Q, lr for DeMo and DISTRO__ADAMW_SIGN_STEP lr for DisTrO-AdamW. */
@@ -329,7 +359,8 @@ void distro__demo_apply(distro_optim *o, float lr, distro_step_stats *s) {
       const int i = tile_tensor(o, g, &c);
       /* DisTrO-AdamW reads g and v here unless v' was staged (overlap). */
       prefetch_tile(o, g + 1, PF_PARAM | (sign_update || o->opt.overlap ? 0 : PF_GRAD | PF_ADAM));
-      apply_tile(o, i, c, lr, step, &ws);
+      if (agg) apply_tile(o, i, c, lr, step, &ws);
+      if (lookahead) ahead_tile(o, i, c, ahead, &ws);
     }
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
   }
@@ -345,7 +376,7 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
   DISTRO_CHECK(distro__payload_exchange(o, size, s));
   /* 3. Commit: nothing here can fail. */
   distro__demo_commit(o);
-  distro__demo_apply(o, lr, s);
+  distro__demo_apply(o, 1, lr, 0.0f, s);
   return DISTRO_OK;
 fail:
   return st;

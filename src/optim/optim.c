@@ -138,7 +138,8 @@ static void free_state(distro_optim *o) {
     free(p->v_next);
     free(p->idx);
     free(p->val);
-    p->mom = p->mom_next = p->m = p->v = p->v_next = p->val = NULL;
+    free(p->base);
+    p->mom = p->mom_next = p->m = p->v = p->v_next = p->val = p->base = NULL;
     p->idx = NULL;
   }
   distro__payload_destroy(o);
@@ -194,6 +195,10 @@ distro_status distro__optim_prepare(distro_optim *o) {
       p->val = malloc(sizeof(float) * (size_t)sel);
       if (!p->mom || !p->mom_next || !p->idx || !p->val)
         DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the momentum of '%s'", p->name);
+      if (o->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD) { /* the agreed parameters (overlap.c) */
+        p->base = malloc(sizeof(float) * (size_t)p->numel);
+        if (!p->base) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the agreed copy of '%s'", p->name);
+      }
       DISTRO_CHECK(distro__dct_plan_init(&p->plan, &p->tiling, DISTRO__DCT_FAST));
     }
   }

@@ -55,8 +55,9 @@ distro_status distro__options_check(const distro_options *o) {
   if (!(isfinite(o->clip_median_multiple) && o->clip_median_multiple >= 0))
     return distro__fail(DISTRO_ERR_INVALID, "clip_median_multiple must be finite and >= 0");
   if (!(isfinite(o->lr) && o->lr >= 0)) return distro__fail(DISTRO_ERR_INVALID, "lr must be finite and >= 0");
-  if (o->overlap != 0 && o->overlap != 1)
-    return distro__fail(DISTRO_ERR_INVALID, "overlap must be 0 (blocking) or 1 (one-step-stale) (got %d)", o->overlap);
+  if (o->overlap < DISTRO_OVERLAP_OFF || o->overlap > DISTRO_OVERLAP_STALE)
+    return distro__fail(DISTRO_ERR_INVALID,
+                        "overlap must be DISTRO_OVERLAP_OFF (0), _LOOKAHEAD (1) or _STALE (2) (got %d)", o->overlap);
   if (o->overlap && o->algorithm != DISTRO_ALG_DEMO)
     return distro__fail(DISTRO_ERR_UNSUPPORTED, "overlap is for the DeMo step; the AdamW all-reduce has none");
   if (o->threads < 0 || o->threads > 4096)

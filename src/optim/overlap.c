@@ -1,11 +1,14 @@
-/* The one-step-stale DeMo step (options.overlap, docs/design.md "Overlap").
+/* The overlapped DeMo step (options.overlap, docs/design.md "Overlap").
  *
  * Step t waits for the exchange of step t-1, commits the momentum it staged,
  * compresses and encodes its own gradient, hands the exchange to a helper
  * thread, and only then applies the aggregate of step t-1: the helper's
  * all-gather runs during that apply and during the caller's next forward
  * and backward. The phases are demo.c's and payload.c's, so the arithmetic
- * is the blocking step's, one step later.
+ * of the agreed parameters is the blocking step's, one step later. With
+ * look-ahead the aggregate lands on the agreed copy (p->base) and the
+ * caller's parameters get it plus this rank's provisional step, so that the
+ * next gradient is not taken one whole update behind.
  *
  * What the helper touches: the send buffer (written by the encode before the
  * hand-over, not again before the next wait), a second set of receive and
@@ -104,6 +107,24 @@ distro_status distro__overlap_attach(distro_optim *o) {
 
 int distro__overlap_pending(const distro_optim *o) { return o->ov && o->ov->pending; }
 
+/* Look-ahead: the caller's parameters become the agreed ones (to_caller)
+ * or the other way round. */
+static void copy_agreed(distro_optim *o, int to_caller) {
+  if (o->opt.overlap != DISTRO_OVERLAP_LOOKAHEAD) return;
+  for (int i = 0; i < o->nparams; i++) {
+    distro__param *p = &o->params[i];
+    const size_t bytes = sizeof(float) * (size_t)p->numel;
+    if (to_caller) memcpy(p->param, p->base, bytes);
+    else memcpy(p->base, p->param, bytes);
+  }
+}
+
+/* The provisional step of look-ahead for this step's lr. */
+static float ahead_step(const distro_optim *o, float lr) {
+  if (o->opt.update == DISTRO_UPDATE_SIGN) return DISTRO__AHEAD_SIGN * lr;
+  return DISTRO__AHEAD_ADAMW * DISTRO__ADAMW_SIGN_STEP * lr;
+}
+
 /* Waits for the exchange in flight; on success its buffers become the
  * optimizer's own set (what the apply reads). Either way nothing is in
  * flight afterwards. Adds the exchange's figures to s. */
@@ -126,11 +147,13 @@ static distro_status wait_exchange(distro_optim *o, distro_step_stats *s) {
   s->peers_dropped = bs.peers_dropped;
   s->peers_dropped_mask = bs.peers_dropped_mask;
   s->peers_clipped = bs.peers_clipped;
-  if (st != DISTRO_OK)
+  if (st != DISTRO_OK) {
+    copy_agreed(o, 1); /* drop the provisional step */
     return distro__fail(st,
                         "the exchange of step %lld (run in the background) failed: %s; nothing of that step was "
                         "applied on any rank, and this call's gradient was not used",
                         (long long)ov->step + 1, ov->msg);
+  }
   distro__xset mine = distro__xset_own(o), *x = &ov->x;
   o->recv = x->recv;
   o->sizes = x->sizes;
@@ -159,10 +182,12 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
     o->step++;
     apply = 1;
     lr_prev = ov->lr;
+  } else {
+    copy_agreed(o, 0); /* nothing in flight: the caller's parameters are the agreed ones */
   }
   const size_t size = distro__demo_compress(o, lr, s);
   if (size == 0) { /* a bug (the bound did not hold): finish the committed step, start nothing */
-    if (apply) distro__demo_apply(o, lr_prev, s);
+    distro__demo_apply(o, apply, lr_prev, 0.0f, s);
     return DISTRO_ERR_PAYLOAD;
   }
   ov->size = size;
@@ -174,7 +199,9 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
   pthread_cond_broadcast(&ov->cv);
   pthread_mutex_unlock(&ov->mu);
   ov->pending = 1;
-  if (apply) distro__demo_apply(o, lr_prev, s);
+  /* The helper reads only the send buffer: the selection in p->idx / p->val
+   * stays ours for the provisional step. */
+  if (apply || o->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD) distro__demo_apply(o, apply, lr_prev, ahead_step(o, lr), s);
   return DISTRO_OK;
 }
 
@@ -185,7 +212,7 @@ distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s) {
   if (st != DISTRO_OK) return st;
   distro__demo_commit(o);
   o->step++;
-  distro__demo_apply(o, ov->lr, s);
+  distro__demo_apply(o, 1, ov->lr, 0.0f, s);
   return DISTRO_OK;
 }
 

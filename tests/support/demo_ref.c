@@ -20,6 +20,8 @@ typedef struct {
   double *m1, *m2;      /* AdamW moments of the mean gradient (baseline); m2:
                            world x n, each rank's own (DisTrO-AdamW) */
   double *q;            /* last Q */
+  double *qown;         /* world x n: inverse DCT of each rank's own last
+                           selection, unquantized (look-ahead overlap) */
   double *eq;           /* error bound of the last Q */
   double *eh;           /* max of eq over all steps (for the moments) */
   unsigned char *taint; /* per tile */
@@ -71,7 +73,7 @@ float dr_bf16(float x) {
 
 static void free_tensor(dr_tensor *t) {
   free(t->fh); free(t->fw); free(t->delta); free(t->m1); free(t->m2);
-  free(t->q); free(t->eq); free(t->eh); free(t->taint);
+  free(t->q); free(t->qown); free(t->eq); free(t->eh); free(t->taint);
 }
 
 void dr_free(dr_model *m) {
@@ -116,10 +118,11 @@ dr_model *dr_create(const dr_config *cfg, int world, int ntensors, const int *nd
     t->m1 = calloc(n * (size_t)world, sizeof(double));
     t->m2 = calloc(n * (size_t)world, sizeof(double));
     t->q = calloc(n, sizeof(double));
+    t->qown = calloc(n * (size_t)world, sizeof(double));
     t->eq = calloc(n, sizeof(double));
     t->eh = calloc(n, sizeof(double));
     t->taint = calloc((size_t)t->tiles, 1);
-    if (!t->fh || !t->fw || !t->delta || !t->m1 || !t->m2 || !t->q || !t->eq || !t->eh || !t->taint) {
+    if (!t->fh || !t->fw || !t->delta || !t->m1 || !t->m2 || !t->q || !t->qown || !t->eq || !t->eh || !t->taint) {
       dr_free(m);
       return NULL;
     }
@@ -151,6 +154,7 @@ void dr_geometry(const dr_model *m, int t, int *h, int *w, int64_t *tiles) {
 }
 
 const double *dr_last_q(const dr_model *m, int t) { return m->t[t].q; }
+const double *dr_last_q_own(const dr_model *m, int t, int rank) { return m->t[t].qown + (size_t)rank * (size_t)m->t[t].n; }
 long dr_tainted_tiles(const dr_model *m) { return m->tainted_tiles; }
 long dr_selections(const dr_model *m) { return m->selections; }
 
@@ -166,6 +170,8 @@ static int64_t elem_tile(const dr_tensor *t, int64_t e) {
 }
 
 /* C[b][d] = sum_ij X[i][j] Fh[i][b] Fw[j][d] */
+int dr_elem_tainted(const dr_model *m, int t, int64_t e) { return m->t[t].taint[elem_tile(&m->t[t], e)]; }
+
 static void dct2(const dr_tensor *t, const double *X, double *C, double *T) {
   int h = t->h, w = t->w;
   for (int b = 0; b < h; b++)
@@ -269,7 +275,10 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
       }
       idct2(t, m->sel, m->x, m->tmp);
       for (int i = 0; i < t->h; i++)
-        for (int j = 0; j < t->w; j++) dl[tile_off(t, ti, i, j)] -= m->x[i * t->w + j];
+        for (int j = 0; j < t->w; j++) {
+          dl[tile_off(t, ti, i, j)] -= m->x[i * t->w + j];
+          t->qown[(size_t)r * n + (size_t)tile_off(t, ti, i, j)] = m->x[i * t->w + j];
+        }
     }
     /* mean over the ranks that selected each coefficient. Float32 rounding
      * of the contributions (1e-5 of their magnitudes, which may cancel)

@@ -56,6 +56,12 @@ void dr_step(dr_model *m, double lr, const float *const *grads);
 
 /* Q of the last step for tensor t (n doubles), for diagnostics. */
 const double *dr_last_q(const dr_model *m, int t);
+/* Inverse DCT of rank `rank`'s own selection of the last step (values
+ * before quantization): what a look-ahead overlap steps along. */
+const double *dr_last_q_own(const dr_model *m, int t, int rank);
+/* Nonzero if element e of tensor t lies in a tile whose selection was ever a
+ * near-tie (the library may have chosen otherwise there). */
+int dr_elem_tainted(const dr_model *m, int t, int64_t e);
 
 typedef struct dr_cmp {
   long checked;    /* elements compared strictly */

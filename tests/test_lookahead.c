@@ -1,0 +1,159 @@
+/* Look-ahead overlap (options.overlap = DISTRO_OVERLAP_LOOKAHEAD):
+ *  - the agreed parameters are the stale overlap's, bit for bit: after a
+ *    flush the parameters equal the STALE run's on every rank, and after
+ *    every call each element sits at the STALE run's value or exactly one
+ *    provisional step (1.0 lr for sign, 0.5625 lr for DisTrO-AdamW) away
+ *    from it;
+ *  - the provisional step's direction is the sign of the inverse DCT of the
+ *    rank's own selection, checked against the float64 reference
+ *    (tests/support/demo_ref.c) wherever that sign is not decided by
+ *    rounding;
+ *  - it differs between ranks (each steps along its own selection) and is
+ *    gone after the flush.
+ * Inputs are fresh each run; a failure prints DISTRO_TEST_SEED to replay. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <distro/distro.h>
+
+#include "testutil.h"
+/* tests/CMakeLists.txt compiles only testutil.c next to each suite. */
+#include "demo_ref.c"
+
+#include "overlap_fixture.h"
+
+/* The provisional step of call s: a fraction of the update's own step
+ * (src/optim/optim_internal.h, DISTRO__AHEAD_*), computed as the library
+ * does in float. */
+static float ahead(const distro_options *o, double lr) {
+  return o->update == DISTRO_UPDATE_SIGN ? 1.0f * (float)lr : (0.75f * 0.75f) * (float)lr;
+}
+
+/* Per element of call s: -1, 0 or +1 with la = agreed - a * sign, or 2 if la
+ * is none of the three. */
+static int provisional_sign(float la, float agreed, float a) {
+  if (la == agreed) return 0;
+  if (la == agreed - a) return 1;
+  if (la == agreed + a) return -1;
+  return 2;
+}
+
+Test(lookahead, agreed_parameters_are_the_stale_steps, .timeout = 120) {
+  const uint64_t seed = tu_seed();
+  const int steps = 4;
+  for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++)
+    for (int world = 1; world <= 3; world++) {
+      const mode *md = &modes[mi];
+      const uint64_t s0 = mix(seed, mi * 8 + (uint64_t)world);
+      dr_run st, la;
+      setup(&st, mode_opts(md, DISTRO_OVERLAP_STALE), world, steps, 1, s0);
+      setup(&la, mode_opts(md, DISTRO_OVERLAP_LOOKAHEAD), world, steps, 2, s0);
+      st.flush = la.flush = 1;
+      run_ok(&st, md->label, seed);
+      run_ok(&la, md->label, seed);
+      long moved = 0, all = 0, ranks_differ = 0;
+      for (int s = 0; s < steps; s++) {
+        const float a = ahead(&la.opt, la.lrs[s]);
+        for (int r = 0; r < world; r++)
+          for (int t = 0; t < NT; t++) {
+            const float *pl = dr_snap(&la, s, r, t), *ps = dr_snap(&st, s, r, t);
+            for (int64_t e = 0; e < numel(t); e++) {
+              const int sg = provisional_sign(pl[e], ps[e], a);
+              cr_assert(sg != 2,
+                        "%s world %d rank %d '%s'[%lld] call %d: %.9g is neither the agreed %.9g nor one "
+                        "provisional step (%.9g) from it (DISTRO_TEST_SEED=%llu)",
+                        md->label, world, r, names[t], (long long)e, s + 1, pl[e], ps[e], a,
+                        (unsigned long long)seed);
+              moved += sg != 0;
+              all++;
+            }
+            if (r > 0 && !same(pl, dr_snap(&la, s, 0, t), t)) ranks_differ++;
+          }
+      }
+      /* A step along each rank's own selection moves most elements. */
+      cr_assert_gt(moved, all / 2, "%s world %d: only %ld of %ld elements took a provisional step", md->label, world,
+                   moved, all);
+      if (world > 1) cr_assert_gt(ranks_differ, 0, "%s world %d: every rank took the same provisional step", md->label, world);
+      for (int r = 0; r < world; r++)
+        for (int t = 0; t < NT; t++) {
+          cr_assert(same(la.final[r * NT + t], st.final[r * NT + t], t),
+                    "%s world %d rank %d '%s': after the flush the parameters are not the stale run's "
+                    "(DISTRO_TEST_SEED=%llu)",
+                    md->label, world, r, names[t], (unsigned long long)seed);
+          cr_assert(same(la.final[r * NT + t], la.final[t], t), "%s world %d: rank %d differs from rank 0 after the flush",
+                    md->label, world, r);
+        }
+      dr_run_free(&st);
+      dr_run_free(&la);
+    }
+}
+
+/* The direction of the provisional step against the float64 reference fed
+ * the same gradients: sign of the inverse DCT of the rank's own (unquantized)
+ * selection. Elements whose reference value is within rounding of zero, or
+ * in a tile whose selection is a near-tie, are not compared. */
+static void direction_vs_reference(distro_update u, int world, int steps) {
+  const uint64_t seed = tu_seed();
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.update = u;
+  o.values = DISTRO_VALUES_F32;
+  o.chunk = 64;
+  o.topk = 32;
+  dr_run st, la;
+  o.overlap = DISTRO_OVERLAP_STALE;
+  setup(&st, o, world, steps, 0, mix(seed, 700 + (uint64_t)world));
+  o.overlap = DISTRO_OVERLAP_LOOKAHEAD;
+  setup(&la, o, world, steps, 0, mix(seed, 700 + (uint64_t)world));
+  run_ok(&st, "stale", seed);
+  run_ok(&la, "look-ahead", seed);
+  dr_config cfg = {o.algorithm, o.update, o.values, o.beta1, o.beta2, o.eps, o.weight_decay, o.compression_decay,
+                   o.chunk, o.topk};
+  dr_model *m = dr_create(&cfg, world, NT, ndims, shapes);
+  cr_assert_not_null(m);
+  long checked = 0, skipped = 0;
+  const float *gp[DR_MAX_WORLD * NT];
+  for (int s = 0; s < steps; s++) {
+    for (int r = 0; r < world; r++)
+      for (int t = 0; t < NT; t++) gp[r * NT + t] = la.grads[((size_t)s * world + r) * NT + t];
+    dr_step(m, la.lrs[s], gp);
+    const float a = ahead(&o, la.lrs[s]);
+    for (int r = 0; r < world; r++)
+      for (int t = 0; t < NT; t++) {
+        const double *q = dr_last_q_own(m, t, r);
+        double qmax = 0;
+        for (int64_t e = 0; e < numel(t); e++) qmax = fmax(qmax, fabs(q[e]));
+        const float *pl = dr_snap(&la, s, r, t), *ps = dr_snap(&st, s, r, t);
+        for (int64_t e = 0; e < numel(t); e++) {
+          if (fabs(q[e]) <= 1e-4 * qmax || dr_elem_tainted(m, t, e)) {
+            skipped++;
+            continue;
+          }
+          const int want = (q[e] > 0) - (q[e] < 0), got = provisional_sign(pl[e], ps[e], a);
+          cr_assert_eq(got, want,
+                       "world %d rank %d '%s'[%lld] call %d: provisional step %d, the reference's own Q %.9g "
+                       "(DISTRO_TEST_SEED=%llu)",
+                       world, r, names[t], (long long)e, s + 1, got, q[e], (unsigned long long)seed);
+          checked++;
+        }
+      }
+  }
+  fprintf(stderr, "[lookahead] update %d world %d: %ld elements checked, %ld skipped, seed %llu\n", (int)u, world,
+          checked, skipped, (unsigned long long)seed);
+  /* DisTrO-AdamW's first normalized gradient is about +-1 everywhere, so
+   * its tiles tie more often (up to 15% of the elements skipped at world 3). */
+  cr_assert_gt(checked, 3 * (checked + skipped) / 4, "only %ld of %ld elements compared", checked, checked + skipped);
+  dr_free(m);
+  dr_run_free(&st);
+  dr_run_free(&la);
+}
+
+Test(lookahead, direction_matches_float64_reference_sign, .timeout = 120) {
+  for (int world = 1; world <= 3; world++) direction_vs_reference(DISTRO_UPDATE_SIGN, world, 3);
+}
+
+Test(lookahead, direction_matches_float64_reference_adamw, .timeout = 120) {
+  for (int world = 1; world <= 3; world++) direction_vs_reference(DISTRO_UPDATE_ADAMW, world, 3);
+}
