@@ -6,7 +6,12 @@
  *   bench_step [--layers N] [--algo demo|adamw] [--update sign|adamw]
  *              [--values f32|bf16|sign1|int8|int4] [--topk K] [--chunk C] [--threads T]
  *              [--steps S] [--warmup W] [--model llama|gpt2] [--wire 1|2]
+ *              [--overlap off|lookahead|stale]
  *
+ * --overlap times the overlapped step (options.overlap; with one in-process
+ * rank the exchange in the background is instant, so the figure is the
+ * step's own compute: look-ahead adds the inverse DCT of the rank's own
+ * selection and the agreed copy of the parameters).
  * The cost of the compact wire format (v2: entropy-coded indices, coded
  * values) is the difference between --wire 2 and --wire 1 (fixed-width u16
  * indices, raw values) in the top-k phase (which includes the encoding) and
@@ -119,7 +124,7 @@ static int die(const char *what, distro_status s) {
 
 int main(int argc, char **argv) {
   int layers = -1, threads = 0, steps = 3, warmup = 2, topk = -1, chunk = -1, wire = 0;
-  const char *algo = "demo", *update = NULL, *values = NULL, *model = "llama";
+  const char *algo = "demo", *update = NULL, *values = NULL, *model = "llama", *overlap = "off";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -135,6 +140,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--warmup")) warmup = atoi(v);
     else if (!strcmp(a, "--model")) model = v;
     else if (!strcmp(a, "--wire")) wire = atoi(v);
+    else if (!strcmp(a, "--overlap")) overlap = v;
     else goto usage;
     i++;
   }
@@ -159,6 +165,9 @@ int main(int argc, char **argv) {
   }
   if (wire == 1 || wire == 2) o.wire_version = wire;
   else if (wire) goto usage;
+  if (!strcmp(overlap, "lookahead")) o.overlap = DISTRO_OVERLAP_LOOKAHEAD;
+  else if (!strcmp(overlap, "stale")) o.overlap = DISTRO_OVERLAP_STALE;
+  else if (strcmp(overlap, "off")) goto usage;
   if (topk > 0) o.topk = topk;
   if (chunk > 0) o.chunk = chunk;
   int is_llama = !strcmp(model, "llama");
@@ -173,6 +182,8 @@ int main(int argc, char **argv) {
   if (o.algorithm == DISTRO_ALG_ADAMW) state = 2, held = 3;       /* m, v (+ reduce buffer) */
   else if (o.update == DISTRO_UPDATE_ADAMW) state = 2, held = 3;  /* momentum, v */
   else state = 1, held = 2;                                       /* momentum */
+  if (o.overlap == DISTRO_OVERLAP_LOOKAHEAD) state++, held++; /* the agreed copy of the parameters */
+  if (o.overlap && o.update == DISTRO_UPDATE_ADAMW) held++;     /* the staged v */
   int full = is_llama ? 16 : 12;
   int64_t avail = proc_kb("/proc/meminfo", "MemAvailable");
   /* Estimate: params + grads + held state, 5% slack, and scratch for the
@@ -197,11 +208,12 @@ int main(int argc, char **argv) {
   printf("bench_step: ");
   bench_model_print(&m, stdout);
   static const char *const vname[] = {"f32", "bf16", "sign1", "int8", "int4"};
-  printf("  algorithm %s, update %s, values %s, wire v%d, chunk %d, topk %d, %d OpenMP threads, world 1 (in-process)\n",
+  printf("  algorithm %s, update %s, values %s, wire v%d, chunk %d, topk %d, %d OpenMP threads, overlap %s, world 1 "
+         "(in-process)\n",
          o.algorithm == DISTRO_ALG_ADAMW ? "AdamW all-reduce" : "DeMo",
          o.algorithm == DISTRO_ALG_ADAMW ? "-" : (o.update == DISTRO_UPDATE_SIGN ? "sign" : "adamw"),
          o.algorithm == DISTRO_ALG_ADAMW ? "-" : vname[o.values], o.wire_version, o.chunk, o.topk,
-         omp_get_max_threads());
+         omp_get_max_threads(), overlap);
   printf("  load average %.2f on %d CPUs at start\n", loadavg(), omp_get_num_procs());
   printf("  memory estimate %.1f GB (params, grads, %d state buffers, slack) of %.1f GB available%s\n", est / 1e9,
          held, avail / 1e9, cut ? " -> fewer blocks (set --layers to override)" : "");
@@ -270,6 +282,8 @@ int main(int argc, char **argv) {
   printf("  %-22s %10.3f %8s %14.1f\n", "wall (around step)", w, "", N / w / 1e6);
   printf("  %-22s %10.3f %8s %14.1f\n", "wall, best step", best, "", N / best / 1e6);
 
+  s = distro_optim_flush(opt, NULL);
+  if (s != DISTRO_OK) return die("flush", s);
   int64_t hwm = proc_kb("/proc/self/status", "VmHWM");
   distro_optim_free(opt);
   distro_comm_free(comm);
@@ -299,7 +313,7 @@ usage:
   fprintf(stderr,
           "usage: %s [--layers N] [--algo demo|adamw] [--update sign|adamw] [--values f32|bf16|sign1|int8|int4]\n"
           "          [--topk K] [--chunk C] [--threads T] [--steps S] [--warmup W] [--model llama|gpt2]\n"
-          "          [--wire 1|2]\n"
+          "          [--wire 1|2] [--overlap off|lookahead|stale]\n"
           "  --layers N  transformer blocks to keep (default: as many of the model's as fit in memory)\n",
           argv[0]);
   return 2;
