@@ -153,16 +153,16 @@ DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name
  *  - STALE: the caller's parameters are the agreed ones; the gradient of
  *    step t+1 is taken at parameters one update behind.
  *  - LOOKAHEAD: on return the caller's parameters are the agreed ones minus
- *    this rank's provisional step (DISTRO__AHEAD_* of the update's step,
- *    times the sign of the inverse DCT of its own selection of step t): an
- *    estimate of the update in flight, different on each rank. The agreed
- *    parameters are kept inside the optimizer (4 bytes per parameter) and
- *    replace the caller's at the next step or flush, so changes the caller
- *    makes to its parameters while an exchange is in flight are lost;
- *    without one in flight (the first step, after a flush or a failure)
- *    the caller's parameters are taken as the agreed ones. Evaluate, save
- *    or compare ranks after distro_optim_flush: the parameters are then
- *    the agreed ones, bit-identical on every rank.
+ *    this rank's provisional step (1.0 lr for the sign update, 0.5625 lr for
+ *    DisTrO-AdamW, times the sign of the inverse DCT of its own selection
+ *    of step t): an estimate of the update in flight, different on each
+ *    rank. The agreed parameters are kept inside the optimizer (4 bytes per
+ *    parameter) and replace the caller's at the next step or flush, so
+ *    changes the caller makes to its parameters while an exchange is in
+ *    flight are lost; without one in flight (the first step, after a flush
+ *    or a failure) the caller's parameters are taken as the agreed ones.
+ *    Evaluate, save or compare ranks after distro_optim_flush: the
+ *    parameters are then the agreed ones, bit-identical on every rank.
  *  - The first step (and the first after a flush or a failure) has nothing
  *    to apply: the agreed parameters do not move. Stats report the exchange
  *    that completed in the call (bytes, decode, dropped peers);
