@@ -167,9 +167,10 @@ void distro__overlap_free(distro_optim *o);
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in
  * flight, as a fraction of the update's own step (sign: lr; DisTrO-AdamW:
- * DISTRO__ADAMW_SIGN_STEP lr). Measured on the demo model, 3 seeds
- * (docs/design.md "Overlap"): sign 0.5 / 1.0 / 1.5 gave 2.7007 / 2.6144 /
- * 2.7653 (seed 1), DisTrO-AdamW 1.0 lost 2% to its blocking step, 0.75 none. */
+ * DISTRO__ADAMW_SIGN_STEP lr). Chosen on the demo model (docs/design.md
+ * "Overlap"): sign 0.5 / 1.0 / 1.5 gave 2.7007 / 2.6144 / 2.7653 (seed 1);
+ * DisTrO-AdamW at 1.0 lost 2.0% to its blocking step over seeds 1-3, at 0.75
+ * 0.16% (1.05% over six seeds). */
 #define DISTRO__AHEAD_SIGN 1.0f
 #define DISTRO__AHEAD_ADAMW 0.75f
 
