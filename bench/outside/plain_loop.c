@@ -13,12 +13,14 @@
  * the one changed field. Same lr and schedule (5% warm-up, cosine to 10%),
  * same data order, same initial weights. Prints the final loss on a held-out
  * split (the text's last 5%) and the bytes each rank sent per step.
+ * --overlap lookahead|stale sets one more field, options.overlap, and calls
+ * distro_optim_flush before the evaluation, as the header asks.
  * The model is python-free-examples/replace_adamw's, copied on purpose: run.sh
  * compiles this one file as an outside program, and the examples stay
  * standalone (their README quotes their diff).
  *
  *   plain_loop --data FILE --optim adamw|distro-adamw --lr X [--seed N]
- *              [--steps 300] [--ranks 4] [--batch 64] */
+ *              [--steps 300] [--ranks 4] [--batch 64] [--overlap off|lookahead|stale] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,7 +41,7 @@ static const size_t offsets[NUM_TENSORS] = {0, V * C, 2 * V * C};
 typedef struct {
   const unsigned char *text;
   long train_len, val_lo, len; /* [0, train_len) trains; [val_lo, len - 1) is held out */
-  int adamw, ranks, batch, steps;
+  int adamw, ranks, batch, steps, overlap;
   float lr;
   uint64_t seed;
   double val_loss, bytes_per_step;
@@ -113,6 +115,7 @@ static distro_status train(distro_comm *comm, int rank, void *arg) {
   if (st == DISTRO_OK && !r->adamw) {
     distro_options o = distro_options_default(DISTRO_ALG_DEMO);
     o.update = DISTRO_UPDATE_ADAMW; /* the swap: one field */
+    o.overlap = r->overlap;
     st = distro_optim_create(&o, comm, &opt);
     for (int i = 0; st == DISTRO_OK && i < NUM_TENSORS; i++)
       st = distro_optim_add_param(opt, names[i], params + offsets[i], grads + offsets[i], ndims[i], shapes[i]);
@@ -135,6 +138,11 @@ static distro_status train(distro_comm *comm, int rank, void *arg) {
       st = distro_optim_step(opt, lr, &s);
       bytes += (double)s.bytes_sent;
     }
+  }
+  if (st == DISTRO_OK && opt) { /* overlap: the last exchange, before evaluating */
+    distro_step_stats s;
+    st = distro_optim_flush(opt, &s);
+    bytes += (double)s.bytes_sent;
   }
   if (st != DISTRO_OK) fprintf(stderr, "rank %d: %s: %s\n", rank, distro_status_string(st), distro_last_error());
   if (st == DISTRO_OK && rank == 0) { /* every 4th held-out position */
@@ -162,11 +170,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--steps")) r.steps = atoi(v);
     else if (!strcmp(a, "--ranks")) r.ranks = atoi(v);
     else if (!strcmp(a, "--batch")) r.batch = atoi(v);
+    else if (!strcmp(a, "--overlap"))
+      r.overlap = !strcmp(v, "off") ? DISTRO_OVERLAP_OFF
+                  : !strcmp(v, "lookahead") ? DISTRO_OVERLAP_LOOKAHEAD
+                  : !strcmp(v, "stale") ? DISTRO_OVERLAP_STALE : -1;
     else return fprintf(stderr, "plain_loop: unknown option '%s'\n", a), 2;
   }
-  if (!path || r.adamw < 0 || !(r.lr > 0) || r.steps < 20 || r.ranks < 1 || r.batch < 1 || r.seed == 0)
+  if (!path || r.adamw < 0 || !(r.lr > 0) || r.steps < 20 || r.ranks < 1 || r.batch < 1 || r.seed == 0 ||
+      r.overlap < 0 || (r.adamw && r.overlap))
     return fprintf(stderr, "usage: plain_loop --data FILE --optim adamw|distro-adamw --lr X [--seed N>0] "
-                           "[--steps N>=20] [--ranks N] [--batch N]\n"), 2;
+                           "[--steps N>=20] [--ranks N] [--batch N] [--overlap off|lookahead|stale (distro-adamw)]\n"),
+           2;
   FILE *f = fopen(path, "rb");
   if (!f) return fprintf(stderr, "plain_loop: cannot open %s\n", path), 1;
   fseek(f, 0, SEEK_END);
@@ -181,8 +195,9 @@ int main(int argc, char **argv) {
   r.train_len = r.val_lo;
   const distro_status st = distro_comm_run_local(r.ranks, train, &r);
   if (st != DISTRO_OK) return fprintf(stderr, "plain_loop: %s\n", distro_status_string(st)), 1;
-  printf("%s lr %g seed %llu: held-out loss %.4f, %.0f bytes sent per step per rank\n",
-         r.adamw ? "adamw" : "distro-adamw", (double)r.lr, (unsigned long long)r.seed, r.val_loss, r.bytes_per_step);
+  static const char *const mode[] = {"", " overlap lookahead", " overlap stale"};
+  printf("%s%s lr %g seed %llu: held-out loss %.4f, %.0f bytes sent per step per rank\n",
+         r.adamw ? "adamw" : "distro-adamw", mode[r.overlap], (double)r.lr, (unsigned long long)r.seed, r.val_loss, r.bytes_per_step);
   free(text);
   return 0;
 }

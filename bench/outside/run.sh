@@ -4,18 +4,22 @@
 # run with no environment variable, as an outside trainer would. Picks the
 # baseline's own lr from a sweep (seed 1), then runs both at that lr over the
 # seeds and prints mean +- sd of the held-out loss and bytes per step.
+# --lr X skips the sweep; --overlap adds DisTrO-AdamW with the look-ahead and
+# the stale overlap (options.overlap).
 #
-#   bench/outside/run.sh [--build DIR] [--lrs 0.003,0.01,0.03] [--seeds 1,2,3] [--steps 300]
+#   bench/outside/run.sh [--build DIR] [--lrs 0.003,0.01,0.03 | --lr X] [--seeds 1,2,3] [--steps 300] [--overlap]
 # Needs the fortunes corpus (Debian: fortunes); about 5 minutes on 2 cores.
 set -euo pipefail
-build=build lrs=0.003,0.01,0.03 seeds=1,2,3 steps=300
+build=build lrs=0.003,0.01,0.03 seeds=1,2,3 steps=300 lr= optims="adamw distro-adamw"
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --lrs) lrs=$2; shift 2 ;;
+    --lr) lr=$2; shift 2 ;;
+    --overlap) optims="$optims distro-adamw-lookahead distro-adamw-stale"; shift ;;
     --seeds) seeds=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "outside: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,33 +44,39 @@ unset PKG_CONFIG_PATH
 loop() { "$work/plain_loop" --data "$corpus" --steps "$steps" "$@"; }
 loss() { sed -n 's/.*held-out loss \([0-9.]*\),.*/\1/p'; }
 
-echo "== bench/outside: $(nproc) cores; AdamW lr sweep (seed 1): $lrs"
-best= best_loss=
-IFS=, read -r -a L <<< "$lrs"
-for lr in "${L[@]}"; do
-  l=$(loop --optim adamw --lr "$lr" --seed 1 | loss)
-  echo "adamw lr $lr seed 1: $l"
-  if [ -z "$best" ] || awk -v a="$l" -v b="$best_loss" 'BEGIN { exit !(a < b) }'; then best=$lr best_loss=$l; fi
-done
+best=$lr best_loss=
+if [ -z "$best" ]; then
+  echo "== bench/outside: $(nproc) cores; AdamW lr sweep (seed 1): $lrs"
+  IFS=, read -r -a L <<< "$lrs"
+  for x in "${L[@]}"; do
+    l=$(loop --optim adamw --lr "$x" --seed 1 | loss)
+    echo "adamw lr $x seed 1: $l"
+    if [ -z "$best" ] || awk -v a="$l" -v b="$best_loss" 'BEGIN { exit !(a < b) }'; then best=$x best_loss=$l; fi
+  done
+fi
 echo "the baseline's lr: $best"
 IFS=, read -r -a S <<< "$seeds"
 res=$work/results.tsv
 : > "$res"
-for o in adamw distro-adamw; do
+for o in $optims; do
+  case $o in
+    distro-adamw-*) args=(--optim distro-adamw --overlap "${o#distro-adamw-}") ;;
+    *) args=(--optim "$o") ;;
+  esac
   for s in "${S[@]}"; do
-    line=$(loop --optim "$o" --lr "$best" --seed "$s")
+    line=$(loop "${args[@]}" --lr "$best" --seed "$s")
     echo "$line"
     printf '%s\t%s\t%s\n' "$o" "$(echo "$line" | loss)" "$(echo "$line" | sed -n 's/.*, \([0-9]*\) bytes.*/\1/p')" >> "$res"
   done
 done
-awk -F'\t' '
+awk -F'\t' -v order="$optims" '
 { n[$1]++; s[$1] += $2; q[$1] += $2 * $2; b[$1] += $3; v[$1] = v[$1] " " $2 }
 END {
   am = s["adamw"] / n["adamw"]; ab = b["adamw"] / n["adamw"]
-  printf "\n%-13s %20s %9s %12s %10s  %s\n", "optimizer", "held-out (mean+-sd)", "vs adamw", "bytes/step", "less than", "per seed"
-  split("adamw distro-adamw", o, " ")
-  for (i = 1; i <= 2; i++) {
+  printf "\n%-22s %20s %9s %12s %10s  %s\n", "optimizer", "held-out (mean+-sd)", "vs adamw", "bytes/step", "less than", "per seed"
+  no = split(order, o, " ")
+  for (i = 1; i <= no; i++) {
     k = o[i]; m = s[k] / n[k]; sd = n[k] > 1 ? sqrt((q[k] - n[k] * m * m) / (n[k] - 1)) : 0
-    printf "%-13s %11.4f +- %.4f %+8.2f%% %12.0f %9.1fx %s\n", k, m, sd, 100 * (m / am - 1), b[k] / n[k], ab / (b[k] / n[k]), v[k]
+    printf "%-22s %11.4f +- %.4f %+8.2f%% %12.0f %9.1fx %s\n", k, m, sd, 100 * (m / am - 1), b[k] / n[k], ab / (b[k] / n[k]), v[k]
   }
 }' "$res"
