@@ -77,7 +77,7 @@ static void usage(FILE *f) {
 "                      each rank steps along its own selection (look-ahead;\n"
 "                      options.overlap; docs/design.md \"Overlap\")\n"
 "  --overlap-stale     the same without the look-ahead step (one-step-stale, as Psyche)\n"
-"                      defaults, tuned on the demo setting (README.md):\n"
+"  each --optim's defaults, tuned on the demo setting (README.md):\n"
 "%s"
 "DiLoCo (--optim diloco; docs/diloco.md)\n"
 "  --inner NAME        the learners' optimizer: adamw, distro, distro-adamw (adamw)\n"
