@@ -82,7 +82,7 @@ typedef struct distro_options {
                                   gradient is taken close to where the
                                   parameters are going (+1.1% loss against
                                   the blocking step on the demo model, six
-                                  seeds; +2.6-4.3% at a 4.8x larger one).
+                                  seeds; +2.6-3.9% at a 4.8x larger one).
                                   STALE: the same without the provisional
                                   step, as Psyche runs DeMo (+15-31%). See
                                   "Overlap" below. */
