@@ -26,8 +26,12 @@ static void check(int ndim, const int64_t *shape, int64_t target, int64_t topk, 
   float *x = malloc(sizeof(float) * n), *val = malloc(sizeof(float) * t.nchunks * k);
   uint32_t *idx = malloc(sizeof(uint32_t) * t.nchunks * k);
   tu_fill_normal(&rng, x, (size_t)n, 1.0f);
-  if (ties)
+  if (ties == 1)
     for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(x[i] * 2)) * (tu_next(&rng) & 1 ? 1.f : -1.f);
+  if (ties == 2) /* one binade, a few hundred ulps wide: the mantissa bisection's case */
+    for (int64_t i = 0; i < n; i++) x[i] = (1.0f + 1e-5f * fabsf(x[i])) * (tu_next(&rng) & 1 ? 1.f : -1.f);
+  if (ties == 3) /* magnitudes over many binades */
+    for (int64_t i = 0; i < n; i++) x[i] = expf(8.0f * x[i]) * (tu_next(&rng) & 1 ? 1.f : -1.f);
   distro__topk_tiles(&t, x, idx, val);
   float *chunk = malloc(sizeof(float) * t.chunk_elems);
   for (int64_t c = 0; c < t.nchunks; c++) {
@@ -87,6 +91,20 @@ Test(topk, ties_go_to_lower_index) {
   cr_expect(idx[0] == 5 && idx[1] == 7 && idx[2] == 129, "got %u %u %u", idx[0], idx[1], idx[2]);
   cr_expect(val[0] == -1.0f && val[1] == 1.0f && val[2] == 1.0f);
   free(x);
+}
+
+/* The threshold search narrows by binades, then by exponent and mantissa
+ * bisection; inputs packed into one binade or spread over many take the
+ * different routes. */
+Test(topk, packed_and_spread_magnitudes) {
+  int64_t a[] = {128, 192}, b[] = {96, 96};
+  for (int mode = 2; mode <= 3; mode++) {
+    check(2, a, 64, 32, mode);
+    check(2, a, 64, 1, mode);
+    check(2, a, 64, 300, mode);
+    check(2, b, 32, 32, mode);
+    check(2, b, 32, 7, mode);
+  }
 }
 
 Test(topk, full_selection_keeps_everything) {

@@ -139,29 +139,65 @@ int64_t distro__topk_gather_keys(const uint32_t *mag, int64_t n, uint32_t thr, u
   return gather_keys_from(mag, 0, n, thr, cand);
 }
 
+/* The k-th largest of keys[0..n) (k >= 1), reordering them. */
+static uint64_t kth_largest(uint64_t *keys, int64_t n, int64_t k) {
+  select_largest(keys, n, k);
+  uint64_t m = keys[0];
+  for (int64_t j = 1; j < k; j++) m = keys[j] < m ? keys[j] : m;
+  return m;
+}
+
 /* Selects the k largest of one chunk whose magnitude bits are in mag[0..n),
- * their maximum top. The threshold is the largest binade e such that at
- * least k magnitudes lie at or above 2^e (vector counts, from the top binade
- * down, then by bisection); only those go through an exact selection on
- * (magnitude, index) keys: typically one to two k instead of the chunk. */
+ * their maximum top, and writes their indices in increasing order. A
+ * threshold t with count(mag >= t) >= k is narrowed by vector counting
+ * passes: binade by binade from the top, by bisection of the exponent, then
+ * of the mantissa until at most k + SLACK magnitudes lie at or above it.
+ * Those candidates (keys in index order) go through an exact selection of
+ * the k-th largest key on a copy, and one pass over the candidates keeps
+ * the keys at or above it, already in index order. Where ties leave more
+ * candidates (equal magnitudes), the selection runs on all of them and the
+ * k indices are sorted. */
+enum { SLACK = 16, MAX_PASSES = 40 };
 static void select_chunk(const uint32_t *mag, uint32_t top, int64_t n, int64_t k, uint64_t *cand, uint32_t *out) {
-  uint32_t e = top >> 23;
-  int tries = 0;
-  while (e > 0 && tries < 4 && count_at_least(mag, n, e << 23) < k) {
-    e--;
-    tries++;
-  }
-  if (e > 0 && count_at_least(mag, n, e << 23) < k) {
-    uint32_t lo = 0, hi = e; /* count(lo) >= k > count(hi) */
-    while (hi - lo > 1) {
-      const uint32_t mid = lo + (hi - lo) / 2;
-      if (count_at_least(mag, n, mid << 23) >= k) lo = mid;
-      else hi = mid;
+  /* lo: count(lo) = clo >= k; hi: count(hi) < k (hi may be top + 1). */
+  uint32_t lo = 0, hi = top + 1u;
+  int64_t clo = n;
+  int passes = 0;
+  for (uint32_t e = top >> 23; e > 0 && passes < 5; e--, passes++) { /* the top binades */
+    const int64_t c = count_at_least(mag, n, e << 23);
+    if (c >= k) {
+      lo = e << 23;
+      clo = c;
+      break;
     }
-    e = lo;
+    hi = e << 23;
   }
-  const uint32_t thr = e << 23;
-  const int64_t nc = distro__topk_gather_keys(mag, n, thr, cand, 0);
+  while (clo > k + SLACK && hi - lo > 1 && passes < MAX_PASSES) {
+    /* Bisect the exponent first while the range spans binades, then the
+     * mantissa (the bits order like the values). */
+    const uint32_t elo = lo >> 23, ehi = (hi - 1u) >> 23;
+    const uint32_t mid = ehi - elo > 1 ? ((elo + (ehi - elo + 1) / 2) << 23) : lo + (hi - lo) / 2;
+    const int64_t c = count_at_least(mag, n, mid);
+    passes++;
+    if (c >= k) {
+      lo = mid;
+      clo = c;
+    } else {
+      hi = mid;
+    }
+  }
+  const int64_t nc = distro__topk_gather_keys(mag, n, lo, cand, 0);
+  if (nc == k || (nc > k && 2 * nc <= n + 8)) {
+    uint64_t kth = 0;
+    if (nc > k) {
+      memcpy(cand + nc, cand, sizeof(uint64_t) * (size_t)nc);
+      kth = kth_largest(cand + nc, nc, k);
+    }
+    int64_t j = 0;
+    for (int64_t i = 0; i < nc; i++)
+      if (cand[i] >= kth) out[j++] = 0xffffffffu - (uint32_t)(cand[i] & 0xffffffffu);
+    return;
+  }
   select_largest(cand, nc, k);
   for (int64_t j = 0; j < k; j++) out[j] = 0xffffffffu - (uint32_t)(cand[j] & 0xffffffffu);
   sort_indices(out, k);
