@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "compress/dct.h"
 #include "testutil.h"
@@ -106,4 +107,64 @@ Test(dct, vector_and_batched_shapes) {
   check_shape(3, c, 64);
   int64_t d[] = {16, 16};
   check_shape(2, d, 8);
+}
+
+/* One tile's inverse from a list of nonzero coefficients against the
+ * float64 formula, for tiles with and without a factored height, thin
+ * tiles, and lists long enough to take the dense fallback. */
+Test(dct, sparse_tile_inverse) {
+  tu_rng rng = {tu_seed()};
+  uint64_t seed = rng.s;
+  const int64_t shapes[][2] = {{32, 32}, {64, 64}, {1, 64}, {17, 32}, {8, 8}, {32, 12}};
+  for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+    const int64_t h = shapes[si][0], w = shapes[si][1], e = h * w;
+    const int64_t shape[2] = {h, w};
+    distro__tiling t;
+    cr_assert_eq(distro__tiling_init(&t, h > 1 ? 2 : 1, h > 1 ? shape : shape + 1, h > w ? h : w, 1), DISTRO_OK);
+    cr_assert(t.h == h && t.w == w, "tiling %lldx%lld", (long long)t.h, (long long)t.w);
+    distro__dct_plan p;
+    cr_assert_eq(distro__dct_plan_init(&p, &t, DISTRO__DCT_FAST), DISTRO_OK);
+    float *coef = calloc((size_t)e, sizeof(float)), *x = malloc(sizeof(float) * (size_t)(2 * e));
+    float *work = malloc(sizeof(float) * (size_t)distro__dct_tile_work(&p));
+    uint32_t *pos = malloc(sizeof(uint32_t) * (size_t)e);
+    double *ref = malloc(sizeof(double) * (size_t)e);
+    const int64_t counts[] = {1, 5, e / 8 + 1, e / 2, e / 2 + 1, e};
+    for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+      const int64_t npos = counts[ci];
+      /* npos distinct positions in a random order (partial Fisher-Yates). */
+      for (int64_t i = 0; i < e; i++) pos[i] = (uint32_t)i;
+      for (int64_t i = 0; i < npos; i++) {
+        const int64_t j = i + (int64_t)(tu_next(&rng) % (uint64_t)(e - i));
+        const uint32_t tmp = pos[i];
+        pos[i] = pos[j];
+        pos[j] = tmp;
+      }
+      memset(coef, 0, sizeof(float) * (size_t)e);
+      for (int64_t q = 0; q < npos; q++) tu_fill_normal(&rng, &coef[pos[q]], 1, 1.0f);
+      for (int64_t i = 0; i < h; i++)
+        for (int64_t j = 0; j < w; j++) {
+          double s = 0;
+          for (int64_t q = 0; q < npos; q++)
+            s += (double)coef[pos[q]] * basis64(h, i, pos[q] / w) * basis64(w, j, pos[q] % w);
+          ref[i * w + j] = s;
+        }
+      for (int64_t i = 0; i < 2 * e; i++) x[i] = NAN;
+      /* Output at row stride 2w: only the tile's part is written. */
+      distro__dct_tile_inverse_sparse(&p, coef, pos, npos, x, 2 * w, work);
+      for (int64_t i = 0; i < h; i++)
+        for (int64_t j = 0; j < w; j++) {
+          const double got = x[i * 2 * w + j], want = ref[i * w + j];
+          cr_assert(fabs(got - want) <= 1e-5 * sqrt((double)npos) + 1e-5 * fabs(want),
+                    "tile %lldx%lld, %lld nonzeros: x[%lld][%lld] = %g, float64 %g (seed %llu)", (long long)h,
+                    (long long)w, (long long)npos, (long long)i, (long long)j, got, want, (unsigned long long)seed);
+          if (i + 1 < h) cr_assert(isnan(x[i * 2 * w + w + j]), "wrote outside the tile");
+        }
+    }
+    free(coef);
+    free(x);
+    free(work);
+    free(pos);
+    free(ref);
+    distro__dct_plan_destroy(&p);
+  }
 }

@@ -315,6 +315,32 @@ void distro__dct_tile_inverse(const distro__dct_plan *p, const float *in, float 
     for (int64_t i = 0; i < h; i++) x[i * ldx] = rows[i];
 }
 
+/* rows[b][:] += c fwt[d][:]: one coefficient's width basis vector. */
+DISTRO__CLONES
+static void axpy_row(float *restrict row, const float *restrict f, float c, int64_t w) {
+  for (int64_t j = 0; j < w; j++) row[j] += c * f[j];
+}
+
+void distro__dct_tile_inverse_sparse(const distro__dct_plan *p, const float *in, const uint32_t *pos, int64_t npos,
+                                     float *x, int64_t ldx, float *work) {
+  const int64_t h = p->t.h, w = p->t.w, e = h * w;
+  if (2 * npos > e) {
+    distro__dct_tile_inverse(p, in, x, ldx, work);
+    return;
+  }
+  /* Width first, one basis row per coefficient (npos w multiply-adds
+   * instead of the dense product's h w w), in the order of pos; then the
+   * height, factored, as the dense path does. */
+  float *rows = h > 1 ? work : x;
+  if (h > 1) memset(rows, 0, sizeof(float) * (size_t)e);
+  else memset(x, 0, sizeof(float) * (size_t)w);
+  for (int64_t q = 0; q < npos; q++) {
+    const int64_t b = pos[q] / w, d = pos[q] % w;
+    axpy_row(rows + b * w, p->fwt + d * w, in[pos[q]], w);
+  }
+  if (h > 1) dct1_inverse(&p->dh, 0, h, rows, w, x, ldx, w, work + e);
+}
+
 /* The whole tensor tile by tile through the one-tile functions (a tile's
  * coefficients are contiguous there, strided in `coef`). */
 static void fast_tiles(const distro__dct_plan *p, const float *src, float *dst, int inverse) {

@@ -63,4 +63,13 @@ void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t
 /* x (h x w, row stride ldx) = inverse DCT of the coefficients in (h x w). */
 void distro__dct_tile_inverse(const distro__dct_plan *p, const float *in, float *x, int64_t ldx, float *work);
 
+/* The same for a tile whose only nonzero coefficients are at in[pos[q]],
+ * q < npos (distinct in-tile indices): about h w (npos + the height's
+ * factored work) multiply-adds instead of the dense h w (w + ...); falls
+ * back to the dense transform where more than half the tile is listed.
+ * Deterministic for a given order of pos; rounds differently from
+ * distro__dct_tile_inverse (within float tolerance). */
+void distro__dct_tile_inverse_sparse(const distro__dct_plan *p, const float *in, const uint32_t *pos, int64_t npos,
+                                     float *x, int64_t ldx, float *work);
+
 #endif

@@ -90,8 +90,19 @@ static void prefetch_tile(const distro_optim *o, int64_t g, int what) {
     }
 }
 
+/* The in-tile clocks only apportion a phase's wall time between the stats'
+ * buckets (account()), so any steady tick works; the x86 time-stamp counter
+ * costs a few cycles where clock_gettime costs tens of nanoseconds, which
+ * added up to about 2% of a step at four readings per tile. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <x86intrin.h>
+static inline double ticks(void) { return (double)__rdtsc(); }
+#else
+static inline double ticks(void) { return distro__now(); }
+#endif
+
 static double seconds_between(double *t) {
-  const double now = distro__now(), d = now - *t;
+  const double now = ticks(), d = now - *t;
   *t = now;
   return d;
 }
@@ -125,25 +136,32 @@ static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off,
   return !bad;
 }
 
-/* next = decay*mom + s*f over one tile row; nonzero if a result is Inf or
- * NaN. The element-wise loops are compiled per instruction set too. */
+/* next = decay*mom + s*f over an h x w tile (next and mom at row stride
+ * ld, f contiguous); nonzero if a result is Inf or NaN. The element-wise
+ * loops are compiled per instruction set too, a whole tile per call: rows
+ * are only 32-64 floats, a few vector operations against a call's cost. */
 DISTRO__CLONES
-static uint32_t blend_row(float *restrict next, const float *restrict mom, const float *restrict f, float decay,
-                          float s, int64_t w) {
+static uint32_t blend_tile(float *restrict next, const float *restrict mom, int64_t ld, const float *restrict f,
+                           float decay, float s, int64_t h, int64_t w) {
   uint32_t bad = 0;
-  for (int64_t d = 0; d < w; d++) {
-    const float v = decay * mom[d] + s * f[d];
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    next[d] = v;
-    bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
-  }
+  for (int64_t b = 0; b < h; b++)
+    for (int64_t d = 0; d < w; d++) {
+      const float v = decay * mom[b * ld + d] + s * f[b * w + d];
+      uint32_t bits;
+      memcpy(&bits, &v, sizeof bits);
+      next[b * ld + d] = v;
+      bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
+    }
   return bad;
 }
 
+/* p = p shrink - step sign(q) over an h x w tile (p at row stride ld). */
 DISTRO__CLONES
-static void sign_row(float *restrict p, const float *restrict q, float shrink, float step, int64_t w) {
-  for (int64_t d = 0; d < w; d++) p[d] = p[d] * shrink - step * (float)((q[d] > 0) - (q[d] < 0));
+static void sign_tile(float *restrict p, int64_t ld, const float *restrict q, float shrink, float step, int64_t h,
+                      int64_t w) {
+  for (int64_t b = 0; b < h; b++)
+    for (int64_t d = 0; d < w; d++)
+      p[b * ld + d] = p[b * ld + d] * shrink - step * (float)((q[b * w + d] > 0) - (q[b * w + d] < 0));
 }
 
 /* Tile c of tensor i: mom_next = decay*mom + s*DCT(x), select, remove the
@@ -157,7 +175,7 @@ static int compress_tile(distro_optim *o, int i, int64_t c, float s, float c2, t
   const distro__tiling *t = &p->tiling;
   const int64_t h = t->h, w = t->w, k = t->k, cols = t->cols;
   const int64_t off = (c / t->tiles_c) * h * cols + (c % t->tiles_c) * w;
-  double clock = distro__now();
+  double clock = ticks();
   const float *x = p->grad + off;
   int64_t ld = cols;
   if (o->opt.update == DISTRO_UPDATE_ADAMW) {
@@ -166,10 +184,7 @@ static int compress_tile(distro_optim *o, int i, int64_t c, float s, float c2, t
     ld = w;
   }
   distro__dct_tile_forward(&p->plan, x, ld, ws->a, ws->dct);
-  const float decay = o->opt.compression_decay;
-  uint32_t bad = 0;
-  for (int64_t b = 0; b < h; b++)
-    bad |= blend_row(p->mom_next + off + b * cols, p->mom + off + b * cols, ws->a + b * w, decay, s, w);
+  const uint32_t bad = blend_tile(p->mom_next + off, p->mom + off, cols, ws->a, o->opt.compression_decay, s, h, w);
   ws->t_transform += seconds_between(&clock);
   if (bad) return 0;
   float *next = p->mom_next + off;
@@ -184,9 +199,11 @@ static int compress_tile(distro_optim *o, int i, int64_t c, float s, float c2, t
 
 /* Aggregates every rank's decoded selection for tile c of tensor i into
  * coef (h x w, row-major): per coefficient the mean over the ranks that
- * selected it, summed in rank order; dropped ranks are skipped. cnt is all
- * zero on entry and on return. */
-static void aggregate_tile(const distro_optim *o, int i, int64_t c, float *coef, uint16_t *cnt) {
+ * selected it, summed in rank order; dropped ranks are skipped. The
+ * distinct selected positions go to pos in the order first seen (rank, then
+ * payload order); returns their count. cnt is all zero on entry and on
+ * return. */
+static int64_t aggregate_tile(const distro_optim *o, int i, int64_t c, float *coef, uint16_t *cnt, uint32_t *pos) {
   const distro__tiling *t = &o->tilings[i];
   const int64_t k = t->k;
   memset(coef, 0, sizeof(float) * (size_t)t->chunk_elems);
@@ -201,14 +218,18 @@ static void aggregate_tile(const distro_optim *o, int i, int64_t c, float *coef,
     }
   }
   /* Divide each selected coefficient once (the first visit clears cnt). */
+  int64_t npos = 0;
   for (int r = 0; r < o->comm->size; r++) {
     if (o->dropped[r]) continue;
     const uint32_t *ri = o->dec_idx + (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i] + (size_t)(c * k);
     for (int64_t j = 0; j < k; j++) {
+      if (!cnt[ri[j]]) continue;
       if (cnt[ri[j]] > 1) coef[ri[j]] /= (float)cnt[ri[j]];
       cnt[ri[j]] = 0;
+      pos[npos++] = ri[j];
     }
   }
+  return npos;
 }
 
 /* Tile c of tensor i: Q = inverse DCT of the aggregate; p = p (1 - lr wd)
@@ -219,29 +240,31 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float step, 
   const distro__tiling *t = &p->tiling;
   const int64_t h = t->h, w = t->w, cols = t->cols;
   const int64_t off = (c / t->tiles_c) * h * cols + (c % t->tiles_c) * w;
-  double clock = distro__now();
-  aggregate_tile(o, i, c, ws->a, ws->cnt);
+  double clock = ticks();
+  const int64_t npos = aggregate_tile(o, i, c, ws->a, ws->cnt, ws->mag);
   ws->t_decode += seconds_between(&clock);
-  distro__dct_tile_inverse(&p->plan, ws->a, ws->b, w, ws->dct);
+  if (getenv("XDENSEINV")) distro__dct_tile_inverse(&p->plan, ws->a, ws->b, w, ws->dct); else distro__dct_tile_inverse_sparse(&p->plan, ws->a, ws->mag, npos, ws->b, w, ws->dct);
   ws->t_transform += seconds_between(&clock);
   const float shrink = 1.0f - lr * o->opt.weight_decay;
   float *agreed = p->base ? p->base : p->param;
-  for (int64_t b = 0; b < h; b++) {
-    float *pw = agreed + off + b * cols;
-    const float *q = ws->b + b * w;
-    sign_row(pw, q, shrink, step, w);
-    if (o->opt.update == DISTRO_UPDATE_SIGN || p->v_next) continue; /* no moment, or committed already */
-    const float b2 = o->opt.beta2;
-    const float *g = p->grad + off + b * cols;
-    float *v = p->v + off + b * cols;
-    for (int64_t d = 0; d < w; d++) v[d] = second_moment(v[d], g[d], b2);
-  }
+  sign_tile(agreed + off, cols, ws->b, shrink, step, h, w);
+  if (o->opt.update == DISTRO_UPDATE_ADAMW && !p->v_next) /* the moment, unless committed already */
+    for (int64_t b = 0; b < h; b++) {
+      const float b2 = o->opt.beta2;
+      const float *g = p->grad + off + b * cols;
+      float *v = p->v + off + b * cols;
+      for (int64_t d = 0; d < w; d++) v[d] = second_moment(v[d], g[d], b2);
+    }
   ws->t_decode += seconds_between(&clock);
 }
 
+/* p = base - step sign(q) over an h x w tile (p and base at row stride ld). */
 DISTRO__CLONES
-static void ahead_row(float *restrict p, const float *restrict base, const float *restrict q, float step, int64_t w) {
-  for (int64_t d = 0; d < w; d++) p[d] = base[d] - step * (float)((q[d] > 0) - (q[d] < 0));
+static void ahead_tile_rows(float *restrict p, const float *restrict base, int64_t ld, const float *restrict q,
+                            float step, int64_t h, int64_t w) {
+  for (int64_t b = 0; b < h; b++)
+    for (int64_t d = 0; d < w; d++)
+      p[b * ld + d] = base[b * ld + d] - step * (float)((q[b * w + d] > 0) - (q[b * w + d] < 0));
 }
 
 /* Look-ahead, tile c of tensor i: the caller's parameters become the agreed
@@ -258,12 +281,12 @@ static void ahead_tile(distro_optim *o, int i, int64_t c, float ahead, tile_ws *
       memcpy(p->param + off + b * cols, p->base + off + b * cols, sizeof(float) * (size_t)w);
     return;
   }
-  double clock = distro__now();
+  double clock = ticks();
   memset(ws->a, 0, sizeof(float) * (size_t)t->chunk_elems);
   for (int64_t j = 0; j < k; j++) ws->a[p->idx[c * k + j]] = p->val[c * k + j];
-  distro__dct_tile_inverse(&p->plan, ws->a, ws->b, w, ws->dct);
+  distro__dct_tile_inverse_sparse(&p->plan, ws->a, p->idx + c * k, k, ws->b, w, ws->dct);
   ws->t_transform += seconds_between(&clock);
-  for (int64_t b = 0; b < h; b++) ahead_row(p->param + off + b * cols, p->base + off + b * cols, ws->b + b * w, ahead, w);
+  ahead_tile_rows(p->param + off, p->base + off, cols, ws->b, ahead, h, w);
   ws->t_decode += seconds_between(&clock);
 }
 
