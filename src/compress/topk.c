@@ -88,7 +88,7 @@ static uint32_t magnitudes(const float *restrict x, int64_t ld, int64_t h, int64
 /* Magnitudes in mag[0..n) at or above thr. */
 DISTRO__CLONES
 static int64_t count_at_least(const uint32_t *restrict mag, int64_t n, uint32_t thr) {
-  int64_t c = 0;
+  uint32_t c = 0; /* 32-bit lanes, as wide as the compares (a chunk has < 2^32 elements) */
   for (int64_t i = 0; i < n; i++) c += mag[i] >= thr;
   return c;
 }
