@@ -1,5 +1,6 @@
 /* Save/load: round trip, atomicity and every rejection leaves state as it was. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,80 @@ Test(state_io, round_trip_all_modes) {
   d.update = DISTRO_UPDATE_ADAMW;
   round_trip(d);
   round_trip(distro_options_default(DISTRO_ALG_ADAMW));
+}
+
+/* float64 DCT-II basis, for the layout check below. */
+static double basis64(int64_t n, int64_t i, int64_t k) {
+  const double ck = k == 0 ? sqrt(1.0 / (double)n) : sqrt(2.0 / (double)n);
+  return ck * cos(M_PI * (2.0 * (double)i + 1.0) * (double)k / (2.0 * (double)n));
+}
+
+/* The file's momentum is in the tensor's layout whatever the step keeps in
+ * memory: after one DeMo step from zero it is lr DCT(g) tile by tile
+ * (float64 reference), with each tile's k largest coefficients sent and
+ * zeroed. Read straight from the file: header, then per tensor its entry
+ * and its rows x cols floats. */
+Test(state_io, momentum_file_layout) {
+  tmp_path();
+  distro_options d = distro_options_default(DISTRO_ALG_DEMO);
+  d.chunk = 32;
+  d.topk = 8;
+  model *m = model_new(d, 96); /* w: 96 x 64 -> 3 x 2 tiles of 32 x 32; b: 100 -> 4 tiles of 1 x 25 */
+  tu_rng r = {tu_seed()};
+  tu_fill_normal(&r, m->g1, N1, 1.0f);
+  tu_fill_normal(&r, m->g2, N2, 1.0f);
+  const float lr = 0.01f;
+  cr_assert_eq(distro_optim_step(m->o, lr, NULL), DISTRO_OK, "%s", distro_last_error());
+  cr_assert_eq(distro_optim_save(m->o, path), DISTRO_OK, "%s", distro_last_error());
+  FILE *f = fopen(path, "rb");
+  cr_assert(f);
+  cr_assert_eq(fseek(f, 8 + 4 + 24 + 8, SEEK_SET), 0);
+  const struct {
+    const float *g;
+    int64_t rows, cols, h, w;
+  } ts[2] = {{m->g1, 96, 64, 32, 32}, {m->g2, 1, N2, 1, 25}};
+  float *mom = malloc(sizeof(float) * N1);
+  double *ref = malloc(sizeof(double) * N1);
+  for (int i = 0; i < 2; i++) {
+    const int64_t rows = ts[i].rows, cols = ts[i].cols, h = ts[i].h, w = ts[i].w, n = rows * cols;
+    const long entry = 4 + 1 + 4 + 8 * (i == 0 ? 2 : 1); /* name length, name, ndim, shape */
+    cr_assert_eq(fseek(f, entry, SEEK_CUR), 0);
+    cr_assert_eq(fread(mom, sizeof(float), (size_t)n, f), (size_t)n);
+    for (int64_t tr = 0; tr < rows / h; tr++)
+      for (int64_t tc = 0; tc < cols / w; tc++) {
+        int zeros = 0;
+        double kth = INFINITY; /* smallest |ref| among the zeroed ones */
+        for (int64_t b = 0; b < h; b++)
+          for (int64_t dd = 0; dd < w; dd++) {
+            double s = 0;
+            for (int64_t a = 0; a < h; a++)
+              for (int64_t c = 0; c < w; c++)
+                s += (double)ts[i].g[(tr * h + a) * cols + tc * w + c] * basis64(h, a, b) * basis64(w, c, dd);
+            const int64_t at = (tr * h + b) * cols + tc * w + dd;
+            ref[at] = lr * s;
+            if (mom[at] == 0.0f) {
+              zeros++;
+              kth = fabs(ref[at]) < kth ? fabs(ref[at]) : kth;
+            } else {
+              cr_assert(fabs(mom[at] - ref[at]) <= 1e-5 * lr * sqrt((double)(h * w)),
+                        "tensor %d at (%lld, %lld): file %g, float64 %g", i, (long long)(tr * h + b),
+                        (long long)(tc * w + dd), mom[at], ref[at]);
+            }
+          }
+        cr_assert_eq(zeros, 8, "tensor %d tile (%lld, %lld): %d coefficients zeroed, want topk 8", i, (long long)tr,
+                     (long long)tc, zeros);
+        for (int64_t b = 0; b < h; b++) /* the zeroed ones are the largest */
+          for (int64_t dd = 0; dd < w; dd++) {
+            const int64_t at = (tr * h + b) * cols + tc * w + dd;
+            if (mom[at] != 0.0f) cr_assert(fabs(ref[at]) <= kth * (1 + 1e-4), "tensor %d: a larger one kept", i);
+          }
+      }
+  }
+  fclose(f);
+  free(mom);
+  free(ref);
+  unlink(path);
+  model_free(m);
 }
 
 /* A rejected load must leave the optimizer exactly as it was: b continues in

@@ -70,8 +70,8 @@ static int tile_tensor(const distro_optim *o, int64_t g, int64_t *c) {
 
 /* Asks for tile g's rows of the arrays in `what` ahead of their use: the
  * rows of a tile lie a tensor row apart, a pattern the hardware prefetchers
- * pick up late. */
-enum { PF_GRAD = 1, PF_MOM = 2, PF_NEXT = 4, PF_PARAM = 8, PF_ADAM = 16 };
+ * pick up late. (The momentum, stored tile by tile, streams without help.) */
+enum { PF_GRAD = 1, PF_PARAM = 2, PF_ADAM = 4 };
 static void prefetch_tile(const distro_optim *o, int64_t g, int what) {
   if (g >= o->tile_base[o->nparams]) return;
   int64_t ch;
@@ -83,8 +83,6 @@ static void prefetch_tile(const distro_optim *o, int64_t g, int what) {
     for (int64_t d = 0; d < t->w; d += 16) {
       const int64_t at = off + r * t->cols + d;
       if (what & PF_GRAD) __builtin_prefetch(p->grad + at, 0, 3);
-      if (what & PF_MOM) __builtin_prefetch(p->mom + at, 0, 3);
-      if (what & PF_NEXT) __builtin_prefetch(p->mom_next + at, 1, 3);
       if (what & PF_PARAM) __builtin_prefetch(p->param + at, 1, 3);
       if (what & PF_ADAM) __builtin_prefetch(p->v + at, 1, 3);
     }
@@ -184,13 +182,14 @@ static int compress_tile(distro_optim *o, int i, int64_t c, float s, float c2, t
     ld = w;
   }
   distro__dct_tile_forward(&p->plan, x, ld, ws->a, ws->dct);
-  const uint32_t bad = blend_tile(p->mom_next + off, p->mom + off, cols, ws->a, o->opt.compression_decay, s, h, w);
+  const int64_t moff = c * h * w; /* the momentum is stored tile by tile */
+  const uint32_t bad = blend_tile(p->mom_next + moff, p->mom + moff, w, ws->a, o->opt.compression_decay, s, h, w);
   ws->t_transform += seconds_between(&clock);
   if (bad) return 0;
-  float *next = p->mom_next + off;
+  float *next = p->mom_next + moff;
   uint32_t *idx = p->idx + c * k;
-  distro__topk_chunk(next, cols, h, w, k, idx, p->val + c * k, ws->mag, ws->cand);
-  for (int64_t j = 0; j < k; j++) next[(idx[j] / w) * cols + idx[j] % w] = 0.0f;
+  distro__topk_chunk(next, w, h, w, k, idx, p->val + c * k, ws->mag, ws->cand);
+  for (int64_t j = 0; j < k; j++) next[idx[j]] = 0.0f;
   ws->t_select += seconds_between(&clock);
   return 1;
 }
@@ -330,7 +329,7 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
     for (int64_t g = 0; g < ntiles; g++) {
       int64_t c;
       const int i = tile_tensor(o, g, &c);
-      prefetch_tile(o, g + 1, PF_GRAD | PF_MOM | PF_NEXT | (sign_update ? 0 : PF_ADAM));
+      prefetch_tile(o, g + 1, PF_GRAD | (sign_update ? 0 : PF_ADAM));
       if (!compress_tile(o, i, c, scale, c2, &ws) && g < bad_tile) bad_tile = g;
     }
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};

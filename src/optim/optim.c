@@ -203,6 +203,7 @@ distro_status distro__optim_prepare(distro_optim *o) {
     }
   }
   if (demo) {
+    o->mom_tiled = 1;
     DISTRO_CHECK(distro__payload_prepare(o));
     /* The step's tile loops: every tensor's tiles in one global order, and
      * per thread one workspace for the largest tile (nothing is allocated

@@ -43,7 +43,11 @@ typedef struct distro__param {
   int64_t numel;
   distro__tiling tiling;
   distro__dct_plan plan;
-  float *mom, *mom_next; /* DeMo momentum in the DCT domain; next is staged until commit */
+  float *mom, *mom_next; /* DeMo momentum in the DCT domain; next is staged until commit.
+                            On the CPU stored tile by tile: tile c's h x w coefficients
+                            are contiguous at c*h*w (row-major inside the tile), so the
+                            step streams it instead of striding a tensor row per tile
+                            row; the state file keeps the tensor's layout (state_io.c). */
   float *m, *v;          /* AdamW moments (DisTrO-AdamW: v only, of this rank's own gradient) */
   float *v_next;         /* DisTrO-AdamW with overlap: v staged by the compress
                             phase until the step commits (the gradient is gone
@@ -61,6 +65,7 @@ struct distro_optim {
   distro__param *params;
   int nparams, cap;
   int ready;           /* state allocated; tensor list frozen */
+  int mom_tiled;       /* mom is tile by tile (the CPU step; the GPU keeps the tensor's layout) */
   int verified;        /* tensor lists agreed across ranks */
   int64_t step;        /* completed steps */
   int64_t max_numel;

@@ -30,6 +30,36 @@ static float **param_array(distro__param *p, distro__state_array a) {
   return a == DISTRO__STATE_MOM ? &p->mom : a == DISTRO__STATE_M ? &p->m : &p->v;
 }
 
+/* Start of tensor row r's part in tile column tc of a tile-by-tile array. */
+static int64_t tiled_row(const distro__tiling *t, int64_t r, int64_t tc) {
+  return ((r / t->h) * t->tiles_c + tc) * t->chunk_elems + (r % t->h) * t->w;
+}
+
+/* The file holds every array in the tensor's layout; the CPU momentum is
+ * kept tile by tile (optim_internal.h) and is written row by row. */
+static void put_array(distro__afile *w, const distro_optim *o, const distro__param *p, distro__state_array kind,
+                      const float *a) {
+  const distro__tiling *t = &p->tiling;
+  if (kind != DISTRO__STATE_MOM || !o->mom_tiled) {
+    distro__afile_write(w, a, sizeof(float) * (size_t)p->numel);
+    return;
+  }
+  for (int64_t r = 0; r < t->rows; r++)
+    for (int64_t tc = 0; tc < t->tiles_c; tc++) distro__afile_write(w, a + tiled_row(t, r, tc), sizeof(float) * (size_t)t->w);
+}
+
+static distro_status get_array(distro__rfile *r, const distro_optim *o, const distro__param *p,
+                               distro__state_array kind, float *a) {
+  distro_status st = DISTRO_OK;
+  const distro__tiling *t = &p->tiling;
+  if (kind != DISTRO__STATE_MOM || !o->mom_tiled) return distro__rfile_read(r, a, sizeof(float) * (size_t)p->numel);
+  for (int64_t row = 0; row < t->rows; row++)
+    for (int64_t tc = 0; tc < t->tiles_c; tc++)
+      DISTRO_CHECK(distro__rfile_read(r, a + tiled_row(t, row, tc), sizeof(float) * (size_t)t->w));
+fail:
+  return st;
+}
+
 /* A tensor's entry, shared with the DiLoCo state: u32 name length, name,
  * u32 ndim, i64 shape[ndim]. */
 void distro__state_put_tensor(distro__afile *w, const distro__param *p) {
@@ -87,8 +117,7 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     distro__state_put_tensor(&w, p);
-    for (int a = 0; a < arrays; a++)
-      distro__afile_write(&w, *param_array(p, kinds[a]), sizeof(float) * (size_t)p->numel);
+    for (int a = 0; a < arrays; a++) put_array(&w, o, p, kinds[a], *param_array(p, kinds[a]));
   }
   return distro__afile_commit(&w);
 fail:
@@ -135,7 +164,7 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
       float *buf = malloc(sizeof(float) * (size_t)(p->numel ? p->numel : 1));
       if (!buf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", p->name);
       fresh[nfresh++] = buf;
-      DISTRO_CHECK(distro__rfile_read(&r, buf, sizeof(float) * (size_t)p->numel));
+      DISTRO_CHECK(get_array(&r, o, p, kinds[a], buf));
     }
   }
   DISTRO_CHECK(distro__rfile_finish(&r));
