@@ -29,6 +29,23 @@ static inline void distro__bitw_init(distro__bitw *w, uint8_t *buf, size_t cap) 
   if (cap) memset(buf, 0, cap);
 }
 
+/* The stream is LSB first, so 8 bytes of it are one little-endian word. */
+static inline uint64_t distro__le64_load(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
+  return v;
+}
+
+static inline void distro__le64_store(uint8_t *p, uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
+  memcpy(p, &v, 8);
+}
+
 /* Writes the low n (<= 57) bits of v. */
 static inline void distro__bitw_put(distro__bitw *w, uint64_t v, int n) {
   if (n == 0) return;
@@ -39,6 +56,11 @@ static inline void distro__bitw_put(distro__bitw *w, uint64_t v, int n) {
   v &= n == 64 ? ~0ULL : ((1ULL << n) - 1);
   size_t byte = w->pos >> 3;
   int shift = (int)(w->pos & 7);
+  if (byte + 8 <= w->cap) { /* one word: n + shift <= 64 bits */
+    distro__le64_store(w->buf + byte, distro__le64_load(w->buf + byte) | v << shift);
+    w->pos += (size_t)n;
+    return;
+  }
   /* Up to 57 + 7 = 64 bits touched: at most 8 bytes. */
   for (int done = -shift; done < n; done += 8, byte++) {
     uint8_t part = (uint8_t)(done < 0 ? v << -done : v >> done);
@@ -75,6 +97,11 @@ static inline uint64_t distro__bitr_get(distro__bitr *r, int n) {
   uint64_t v = 0;
   size_t byte = r->pos >> 3;
   int shift = (int)(r->pos & 7), got = 0;
+  if (n <= 57 && byte + 8 <= r->len) { /* one word */
+    v = distro__le64_load(r->buf + byte) >> shift;
+    r->pos += (size_t)n;
+    return v & ((1ULL << n) - 1);
+  }
   while (got < n) {
     uint64_t part = (uint64_t)(r->buf[byte++] >> shift);
     v |= part << got;
@@ -100,6 +127,23 @@ static inline unsigned __int128 distro__bitr_get_long(distro__bitr *r, int n) {
 /* Unary count of 1s terminated by a 0, at most `limit` (error beyond). */
 static inline uint64_t distro__bitr_unary(distro__bitr *r, uint64_t limit) {
   uint64_t q = 0;
+  while (!r->error && (r->pos >> 3) + 8 <= r->len) { /* a word at a time: count its trailing ones */
+    const int shift = (int)(r->pos & 7), avail = 64 - shift;
+    const uint64_t zeros = ~(distro__le64_load(r->buf + (r->pos >> 3)) >> shift);
+    const int ones = zeros ? __builtin_ctzll(zeros) : 64;
+    if (ones < avail) { /* the terminating zero is in this word */
+      q += (uint64_t)ones;
+      r->pos += (size_t)ones + 1;
+      if (q > limit) r->error = 1;
+      return q;
+    }
+    q += (uint64_t)avail;
+    r->pos += (size_t)avail;
+    if (q > limit) {
+      r->error = 1;
+      return q;
+    }
+  }
   while (!r->error) {
     if (r->pos >= r->len * 8) {
       r->error = 1;
