@@ -21,7 +21,7 @@ int distro__enum_table_init(distro__enum_table *t, int64_t n, int64_t k) {
   t->n = n;
   t->k = k;
   t->bits = 0;
-  t->c = NULL;
+  t->c = t->ct = NULL;
   /* Only for k <= n/2, where every C(c, i) with c < n, i <= k is at most
    * C(n, k), and only while C(n, k) fits in 127 bits. */
   /* C(n, k) >= 2^k for k <= n/2, so k >= 127 never fits: check before
@@ -47,15 +47,24 @@ int distro__enum_table_init(distro__enum_table *t, int64_t n, int64_t k) {
     free(c);
     return 0;
   }
+  u128 *ct = malloc(sizeof *ct * (size_t)n * (size_t)(k + 1));
+  if (!ct) {
+    free(c);
+    return 0;
+  }
+  for (int64_t i = 0; i <= k; i++)
+    for (int64_t r = 0; r < n; r++) ct[i * n + r] = c[r * (k + 1) + i];
   t->bits = bits_for(total);
   t->c = c;
+  t->ct = ct;
   return 1;
 }
 
 void distro__enum_table_destroy(distro__enum_table *t) {
   if (t) {
     free(t->c);
-    t->c = NULL;
+    free(t->ct);
+    t->c = t->ct = NULL;
   }
 }
 
@@ -142,7 +151,6 @@ int64_t distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64
                            const distro__enum_table *et, distro__idx_codec codec, int param, uint32_t *idx) {
   distro__bitr r;
   distro__bitr_init(&r, in, len);
-  const int64_t stride = k + 1;
   if (codec == DISTRO__IDX_PACK12 && n > 4096) return INT64_MIN;
   if (codec == DISTRO__IDX_ENUM && (!et || !et->c)) return INT64_MIN;
   if (codec == DISTRO__IDX_RICE && (param < 0 || param > 30)) return INT64_MIN;
@@ -174,19 +182,27 @@ int64_t distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64
       case DISTRO__IDX_ENUM: {
         u128 rank = distro__bitr_get_long(&r, et->bits);
         if (r.error) return INT64_MIN;
-        /* Greedy: the largest element is the largest c with C(c, k) <= rank. */
+        /* Greedy: the largest element is the largest c with C(c, k) <= rank.
+         * Elements lie a gap apart (about n/k), so each search gallops down
+         * from the last one and then bisects, along one row of ct. */
         int64_t hi = n - 1;
         for (int64_t j = k - 1; j >= 0; j--) {
-          int64_t lo = j, top = hi; /* C(j, j+1) = 0 <= rank always */
-          while (lo < top) {
-            int64_t mid = lo + (top - lo + 1) / 2;
-            if (et->c[mid * stride + j + 1] <= rank) lo = mid;
-            else top = mid - 1;
+          if (hi < j) return -(1 + c);
+          const u128 *row = et->ct + (j + 1) * n; /* row[j] = C(j, j+1) = 0 <= rank */
+          int64_t good = hi, bad = hi + 1, step = 1;
+          while (good > j && row[good] > rank) { /* row[bad] > rank (or bad = hi + 1) */
+            bad = good;
+            good = bad - step > j ? bad - step : j;
+            step *= 2;
           }
-          if (lo > hi) return -(1 + c);
-          rank -= et->c[lo * stride + j + 1];
-          ci[j] = (uint32_t)lo;
-          hi = lo - 1;
+          while (bad - good > 1) {
+            const int64_t mid = good + (bad - good) / 2;
+            if (row[mid] <= rank) good = mid;
+            else bad = mid;
+          }
+          rank -= row[good];
+          ci[j] = (uint32_t)good;
+          hi = good - 1;
         }
         if (rank != 0) return -(1 + c); /* rank >= C(n, k): not a valid set */
         break;

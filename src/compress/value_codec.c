@@ -24,7 +24,10 @@ static int chunk_max_exp(const float *v, int64_t k) {
  * (values beyond that, near FLT_MAX, saturate). */
 static uint16_t quant_scale(const float *v, int64_t k, int qmax) {
   float amax = 0.0f;
-  for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(v[j]));
+  for (int64_t j = 0; j < k; j++) { /* NaN is skipped, as fmaxf would (inline: no libm call per value) */
+    const float a = fabsf(v[j]);
+    amax = a > amax ? a : amax;
+  }
   if (amax == 0.0f) return 0;
   float s = amax / (float)qmax;
   uint16_t b = distro__bf16_from_float(s);
@@ -118,12 +121,18 @@ size_t distro__val_encode(distro_values v, int param, const float *val, int64_t 
     case DISTRO_VALUES_INT8:
     case DISTRO_VALUES_INT4: {
       const int qmax = v == DISTRO_VALUES_INT8 ? 127 : 7, bits = v == DISTRO_VALUES_INT8 ? 8 : 4;
-      for (int64_t c = 0; c < nchunks; c++) distro__bitw_put(&w, quant_scale(val + c * k, k, qmax), 16);
+      /* Scales first, then the values: two writers into the one zeroed
+       * buffer, so each chunk's scale is computed once. */
+      distro__bitw ws = w;
+      w.pos = (size_t)nchunks * 16;
       for (int64_t c = 0; c < nchunks; c++) {
-        const float s = distro__bf16_to_float(quant_scale(val + c * k, k, qmax));
+        const uint16_t sb = quant_scale(val + c * k, k, qmax);
+        distro__bitw_put(&ws, sb, 16);
+        const float s = distro__bf16_to_float(sb);
         for (int64_t j = 0; j < k; j++)
           distro__bitw_put(&w, (uint64_t)(quantize(val[c * k + j], s, qmax) & ((1 << bits) - 1)), bits);
       }
+      w.overflow |= ws.overflow;
       break;
     }
     case DISTRO_VALUES_INT2: {
