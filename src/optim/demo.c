@@ -16,6 +16,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
@@ -93,7 +94,7 @@ static void prefetch_tile(const distro_optim *o, int64_t g, int what) {
  * costs a few cycles where clock_gettime costs tens of nanoseconds, which
  * added up to about 2% of a step at four readings per tile. */
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <x86intrin.h>
+#include <x86intrin.h> /* __rdtsc, _mm_stream_ps, _mm_sfence */
 static inline double ticks(void) { return (double)__rdtsc(); }
 #else
 static inline double ticks(void) { return distro__now(); }
@@ -134,23 +135,34 @@ static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off,
   return !bad;
 }
 
-/* next = decay*mom + s*f over an h x w tile (next and mom at row stride
- * ld, f contiguous); nonzero if a result is Inf or NaN. The element-wise
- * loops are compiled per instruction set too, a whole tile per call: rows
- * are only 32-64 floats, a few vector operations against a call's cost. */
+/* f = decay*mom + s*f over a tile's n coefficients (the momentum is stored
+ * tile by tile); nonzero if a result is Inf or NaN. The element-wise loops
+ * are compiled per instruction set too, a whole tile per call: rows are
+ * only 32-64 floats, a few vector operations against a call's cost. */
 DISTRO__CLONES
-static uint32_t blend_tile(float *restrict next, const float *restrict mom, int64_t ld, const float *restrict f,
-                           float decay, float s, int64_t h, int64_t w) {
+static uint32_t blend_tile(float *restrict f, const float *restrict mom, float decay, float s, int64_t n) {
   uint32_t bad = 0;
-  for (int64_t b = 0; b < h; b++)
-    for (int64_t d = 0; d < w; d++) {
-      const float v = decay * mom[b * ld + d] + s * f[b * w + d];
-      uint32_t bits;
-      memcpy(&bits, &v, sizeof bits);
-      next[b * ld + d] = v;
-      bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
-    }
+  for (int64_t i = 0; i < n; i++) {
+    const float v = decay * mom[i] + s * f[i];
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    f[i] = v;
+    bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
+  }
   return bad;
+}
+
+/* dst = src (n floats), bypassing the caches where dst allows: the staged
+ * momentum is not read again this step, and a plain store would first read
+ * every line it writes. */
+static void stream_tile(float *restrict dst, const float *restrict src, int64_t n) {
+#if defined(__x86_64__) && defined(__SSE__)
+  if (((uintptr_t)dst & 15) == 0 && n % 4 == 0) {
+    for (int64_t i = 0; i < n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+    return;
+  }
+#endif
+  memcpy(dst, src, sizeof(float) * (size_t)n);
 }
 
 /* p = p shrink - step sign(q) over an h x w tile (p at row stride ld). */
@@ -182,14 +194,16 @@ static int compress_tile(distro_optim *o, int i, int64_t c, float s, float c2, t
     ld = w;
   }
   distro__dct_tile_forward(&p->plan, x, ld, ws->a, ws->dct);
-  const int64_t moff = c * h * w; /* the momentum is stored tile by tile */
-  const uint32_t bad = blend_tile(p->mom_next + moff, p->mom + moff, w, ws->a, o->opt.compression_decay, s, h, w);
+  /* The new momentum is built in the tile buffer: selected and zeroed
+   * there, then streamed to its place (stored tile by tile). */
+  const int64_t moff = c * h * w;
+  const uint32_t bad = blend_tile(ws->a, p->mom + moff, o->opt.compression_decay, s, h * w);
   ws->t_transform += seconds_between(&clock);
   if (bad) return 0;
-  float *next = p->mom_next + moff;
   uint32_t *idx = p->idx + c * k;
-  distro__topk_chunk(next, w, h, w, k, idx, p->val + c * k, ws->mag, ws->cand);
-  for (int64_t j = 0; j < k; j++) next[idx[j]] = 0.0f;
+  distro__topk_chunk(ws->a, w, h, w, k, idx, p->val + c * k, ws->mag, ws->cand);
+  for (int64_t j = 0; j < k; j++) ws->a[idx[j]] = 0.0f;
+  stream_tile(p->mom_next + moff, ws->a, h * w);
   ws->t_select += seconds_between(&clock);
   return 1;
 }
@@ -332,6 +346,9 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
       prefetch_tile(o, g + 1, PF_GRAD | (sign_update ? 0 : PF_ADAM));
       if (!compress_tile(o, i, c, scale, c2, &ws) && g < bad_tile) bad_tile = g;
     }
+#if defined(__x86_64__) && defined(__SSE__)
+    _mm_sfence(); /* the streamed momentum (stream_tile) is ordered before the region ends */
+#endif
     o->ws_clock[th] = (distro__tile_clock){ws.t_transform, ws.t_select, ws.t_decode};
   }
   account(o, nt, distro__now() - t0, s);
