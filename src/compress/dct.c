@@ -79,22 +79,26 @@ distro_status distro__dct_plan_init(distro__dct_plan *p, const distro__tiling *t
   distro__dct_basis(t->w, p->fw);
   for (int64_t j = 0; j < t->w; j++)
     for (int64_t d = 0; d < t->w; d++) p->fwt[d * t->w + j] = p->fw[j * t->w + d];
-  if (m == DISTRO__DCT_FAST && t->w % 2 == 0 && t->w >= 32) {
-    /* The forward's width split (distro__dct_tile_forward) pays where the
-     * halves still fill the 16 vector lanes. fe, fo: the even and odd
-     * columns of fw over the first half of its rows. */
-    const int64_t h2 = t->w / 2;
-    p->fe = malloc(sizeof(float) * (size_t)(h2 * h2));
-    p->fo = malloc(sizeof(float) * (size_t)(h2 * h2));
-    if (!p->fe || !p->fo) {
+  /* The forward's width splits (width_forward) pay where the halves still
+   * fill the 16 vector lanes: level l splits a run of n_l = w >> l into
+   * mirrored sums and differences; fo[l] takes the differences to the odd
+   * frequencies of that level, fe[l] (last level only) the sums to the
+   * even ones. Their columns are fw's at stride 2^l, rows its first n_l/2. */
+  for (int64_t l = 0, nl = t->w; m == DISTRO__DCT_FAST && nl % 2 == 0 && nl >= 32 && l < 8; l++, nl /= 2) {
+    const int64_t ml = nl / 2, stride = (int64_t)1 << l;
+    const int last = !(ml % 2 == 0 && ml >= 32 && l + 1 < 8);
+    p->fo[l] = malloc(sizeof(float) * (size_t)(ml * ml));
+    if (last) p->fe[l] = malloc(sizeof(float) * (size_t)(ml * ml));
+    if (!p->fo[l] || (last && !p->fe[l])) {
       distro__dct_plan_destroy(p);
       return distro__fail(DISTRO_ERR_NOMEM, "DCT basis allocation failed");
     }
-    for (int64_t j = 0; j < h2; j++)
-      for (int64_t k = 0; k < h2; k++) {
-        p->fe[j * h2 + k] = p->fw[j * t->w + 2 * k];
-        p->fo[j * h2 + k] = p->fw[j * t->w + 2 * k + 1];
+    for (int64_t j = 0; j < ml; j++)
+      for (int64_t k = 0; k < ml; k++) {
+        p->fo[l][j * ml + k] = p->fw[j * t->w + stride * (2 * k + 1)];
+        if (last) p->fe[l][j * ml + k] = p->fw[j * t->w + stride * 2 * k];
       }
+    if (last) break;
   }
   if (m == DISTRO__DCT_FAST && !dct1_init(&p->dh, t->h)) {
     distro__dct_plan_destroy(p);
@@ -124,8 +128,10 @@ void distro__dct_plan_destroy(distro__dct_plan *p) {
   free(p->fh);
   free(p->fw);
   free(p->fwt);
-  free(p->fe);
-  free(p->fo);
+  for (int l = 0; l < 8; l++) {
+    free(p->fe[l]);
+    free(p->fo[l]);
+  }
   dct1_destroy(&p->dh);
 #ifdef DISTRO_HAVE_FFTW
   pthread_mutex_lock(&fftw_plan_lock);
@@ -304,7 +310,7 @@ static void dct1_inverse(const distro__dct1 *d, int level, int64_t n, const floa
 
 int64_t distro__dct_tile_work(const distro__dct_plan *p) {
   const int64_t e = p->t.h * p->t.w;
-  return 4 * e; /* a tile copy, then the 1-D transform's work (3 n L) */
+  return 5 * e; /* a tile, then the width splits' work (4 e) or the 1-D transform's (3 n L) */
 }
 
 /* One even/odd split along each row of an h x w tile (row stride ld):
@@ -332,8 +338,23 @@ static void rows_interleave(float *restrict out, const float *restrict e, const 
     }
 }
 
+/* out (h x n, contiguous) = the DCT along the rows of x (h x n, row
+ * stride ld) at width-split level `level`: the even frequencies come from
+ * the sums (the next level, or fe), the odd ones from the differences.
+ * work: 4 h n floats at most over all levels. */
+static void width_forward(const distro__dct_plan *p, int level, const float *x, int64_t ld, int64_t n, float *out,
+                          float *work) {
+  const int64_t h = p->t.h, m = n / 2;
+  float *u = work, *v = u + h * m, *ev = v + h * m, *od = ev + h * m;
+  rows_split(u, v, x, ld, h, n);
+  if (p->fe[level]) lanes_matmul(ev, m, u, m, p->fe[level], m, h, m, m);
+  else width_forward(p, level + 1, u, m, m, ev, od + h * m);
+  lanes_matmul(od, m, v, m, p->fo[level], m, h, m, m);
+  rows_interleave(out, ev, od, h, m);
+}
+
 void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t ldx, float *out, float *work) {
-  const int64_t h = p->t.h, w = p->t.w, m = w / 2, e = h * w;
+  const int64_t h = p->t.h, w = p->t.w, e = h * w;
   float *b = work, *wk = work + e;
   /* Width first, straight from the tensor (no transposes): the even and odd
    * frequencies of a row depend only on the sums and the differences of its
@@ -342,12 +363,8 @@ void distro__dct_tile_forward(const distro__dct_plan *p, const float *x, int64_t
    * product. Then the height, factored, along the rows (lanes: the w
    * columns), which leaves coefficient (b, d) at out[b*w + d]. */
   float *rows = h > 1 ? b : out;
-  if (p->fe) {
-    float *u = work + e, *v = u + h * m, *ev = v + h * m, *od = ev + h * m;
-    rows_split(u, v, x, ldx, h, w);
-    lanes_matmul(ev, m, u, m, p->fe, m, h, m, m);
-    lanes_matmul(od, m, v, m, p->fo, m, h, m, m);
-    rows_interleave(rows, ev, od, h, m);
+  if (p->fo[0]) {
+    width_forward(p, 0, x, ldx, w, rows, work + e);
   } else if (w > 1) {
     lanes_matmul(rows, w, x, ldx, p->fw, w, h, w, w);
   } else {

@@ -37,8 +37,8 @@ typedef struct distro__dct_plan {
   distro__tiling t;
   distro__dct_method method;
   float *fh, *fw, *fwt;      /* fwt: fw transposed */
-  float *fe, *fo;            /* FAST, w even and >= 32: the even / odd columns
-                                of fw's first w/2 rows (the width's split) */
+  float *fe[8], *fo[8];      /* FAST, w even and >= 32: the width splits'
+                                products (dct.c, width_forward) */
   distro__dct1 dh;           /* FAST: the height's factored transform (the
                                 width is a product with fw / fwt) */
   void *fftw_fwd, *fftw_inv; /* FFTW plans, when method == FFTW */
