@@ -117,22 +117,36 @@ static double seconds_between(double *t) {
  * is the update's momentum. */
 static inline float second_moment(float v, float g, float b2) { return b2 * v + (1.0f - b2) * g * g; }
 
+/* u = g / (sqrt(v' / c2) + eps) over an h x w tile (g, v and vn at row
+ * stride ld, u contiguous), v' staged in vn when given; nonzero if a v' is
+ * Inf or NaN. */
+DISTRO__CLONES
+static uint32_t adam_rows(float *restrict u, const float *restrict g, const float *restrict v, float *restrict vn,
+                          int64_t ld, int64_t h, int64_t w, float b2, float c2, float eps) {
+  uint32_t bad = 0;
+  for (int64_t b = 0; b < h; b++)
+    for (int64_t d = 0; d < w; d++) {
+      const float vj = second_moment(v[b * ld + d], g[b * ld + d], b2);
+      u[b * w + d] = g[b * ld + d] / (sqrtf(vj / c2) + eps);
+      uint32_t bits;
+      memcpy(&bits, &vj, sizeof bits);
+      bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
+      if (vn) vn[b * ld + d] = vj;
+    }
+  return bad;
+}
+
+/* v = b2 v + (1 - b2) g^2 over an h x w tile (row stride ld). */
+DISTRO__CLONES
+static void moment_rows(float *restrict v, const float *restrict g, int64_t ld, int64_t h, int64_t w, float b2) {
+  for (int64_t b = 0; b < h; b++)
+    for (int64_t d = 0; d < w; d++) v[b * ld + d] = second_moment(v[b * ld + d], g[b * ld + d], b2);
+}
+
 static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off, float c2, float *u) {
   const distro__tiling *t = &p->tiling;
-  const float b2 = o->opt.beta2, eps = o->opt.eps;
-  int bad = 0;
-  int64_t e = 0;
-  for (int64_t b = 0; b < t->h; b++) {
-    const float *g = p->grad + off + b * t->cols, *v = p->v + off + b * t->cols;
-    float *vn = p->v_next ? p->v_next + off + b * t->cols : NULL;
-    for (int64_t d = 0; d < t->w; d++, e++) {
-      const float vj = second_moment(v[d], g[d], b2);
-      u[e] = g[d] / (sqrtf(vj / c2) + eps);
-      bad |= !isfinite(vj);
-      if (vn) vn[d] = vj;
-    }
-  }
-  return !bad;
+  return !adam_rows(u, p->grad + off, p->v + off, p->v_next ? p->v_next + off : NULL, t->cols, t->h, t->w,
+                    o->opt.beta2, c2, o->opt.eps);
 }
 
 /* f = decay*mom + s*f over a tile's n coefficients (the momentum is stored
@@ -262,12 +276,7 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float step, 
   float *agreed = p->base ? p->base : p->param;
   sign_tile(agreed + off, cols, ws->b, shrink, step, h, w);
   if (o->opt.update == DISTRO_UPDATE_ADAMW && !p->v_next) /* the moment, unless committed already */
-    for (int64_t b = 0; b < h; b++) {
-      const float b2 = o->opt.beta2;
-      const float *g = p->grad + off + b * cols;
-      float *v = p->v + off + b * cols;
-      for (int64_t d = 0; d < w; d++) v[d] = second_moment(v[d], g[d], b2);
-    }
+    moment_rows(p->v + off, p->grad + off, cols, h, w, o->opt.beta2);
   ws->t_decode += seconds_between(&clock);
 }
 
