@@ -405,8 +405,9 @@ void distro__dct_tile_inverse_sparse(const distro__dct_plan *p, const float *in,
   float *rows = h > 1 ? work : x;
   if (h > 1) memset(rows, 0, sizeof(float) * (size_t)e);
   else memset(x, 0, sizeof(float) * (size_t)w);
+  const int pow2 = (w & (w - 1)) == 0, shift = __builtin_ctzll((unsigned long long)w); /* no division per entry */
   for (int64_t q = 0; q < npos; q++) {
-    const int64_t b = pos[q] / w, d = pos[q] % w;
+    const int64_t b = pow2 ? pos[q] >> shift : pos[q] / w, d = pow2 ? pos[q] & (w - 1) : pos[q] % w;
     axpy_row(rows + b * w, p->fwt + d * w, in[pos[q]], w);
   }
   if (h > 1) dct1_inverse(&p->dh, 0, h, rows, w, x, ldx, w, work + e);

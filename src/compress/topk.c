@@ -214,7 +214,10 @@ void distro__topk_chunk(const float *x, int64_t ld, int64_t h, int64_t w, int64_
     select_chunk(mag, magnitudes(x, ld, h, w, mag), n, k, cand, idx);
   }
   const int64_t kk = k < n ? k : n;
-  for (int64_t j = 0; j < kk; j++) val[j] = x[(idx[j] / w) * ld + idx[j] % w];
+  if (ld == w) /* a contiguous tile (the step's): no division per index */
+    for (int64_t j = 0; j < kk; j++) val[j] = x[idx[j]];
+  else
+    for (int64_t j = 0; j < kk; j++) val[j] = x[(idx[j] / w) * ld + idx[j] % w];
 }
 
 void distro__topk_tiles(const distro__tiling *t, const float *coef, uint32_t *idx, float *val) {
