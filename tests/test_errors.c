@@ -228,6 +228,25 @@ Test(errors, bad_params_and_order) {
   cr_expect(strstr(distro_last_error(), "param overlaps the param buffer of 'w'") != NULL, "%s", distro_last_error());
   EXPECT_INVALID(distro_optim_add_param(o, "alias", p2, g + 60, 2, half));
   cr_expect(strstr(distro_last_error(), "grad overlaps the grad buffer of 'w'") != NULL, "%s", distro_last_error());
+  /* The other entry points name the missing argument too. */
+  EXPECT_INVALID(distro_optim_save(o, NULL));
+  cr_expect(strstr(distro_last_error(), "distro_optim_save: argument 'path' is NULL") != NULL, "%s",
+            distro_last_error());
+  EXPECT_INVALID(distro_optim_save(o, ""));
+  cr_expect(strstr(distro_last_error(), "'path' is empty") != NULL, "%s", distro_last_error());
+  EXPECT_INVALID(distro_optim_load(o, NULL));
+  cr_expect(strstr(distro_last_error(), "'path' is NULL") != NULL, "%s", distro_last_error());
+  EXPECT_INVALID(distro_optim_payload_bytes(o, NULL));
+  cr_expect(strstr(distro_last_error(), "'bytes' is NULL") != NULL, "%s", distro_last_error());
+  EXPECT_INVALID(distro_comm_allgather(c, NULL, 4, p2));
+  cr_expect(strstr(distro_last_error(), "'send' is NULL") != NULL, "%s", distro_last_error());
+  EXPECT_INVALID(distro_comm_allreduce_sum(c, NULL, 4));
+  cr_expect(strstr(distro_last_error(), "'buf' is NULL") != NULL, "%s", distro_last_error());
+  uint64_t bytes = 0;
+  const int64_t *one_shape[1] = {sh};
+  int nd[1] = {2};
+  EXPECT_INVALID(distro_payload_bytes(&opt, 0, nd, one_shape, &bytes));
+  cr_expect(strstr(distro_last_error(), "at least one tensor") != NULL, "%s", distro_last_error());
   EXPECT_INVALID(distro_optim_step(o, NAN, NULL));
   EXPECT_INVALID(distro_optim_step(o, -1.0f, NULL));
   EXPECT_INVALID(distro_optim_step(NULL, 0.1f, NULL));

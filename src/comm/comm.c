@@ -21,15 +21,18 @@ static distro_status broken(const distro_comm *c, const char *what) {
 }
 
 distro_status distro_comm_allgather(distro_comm *c, const void *send, size_t bytes, void *recv) {
-  if (!c || (!send && bytes) || (!recv && bytes))
-    return distro__fail(DISTRO_ERR_INVALID, "distro_comm_allgather: NULL argument");
+  DISTRO__NONNULL("distro_comm_allgather", c);
+  if (bytes) {
+    DISTRO__NONNULL("distro_comm_allgather", send);
+    DISTRO__NONNULL("distro_comm_allgather", recv);
+  }
   if (c->broken) return broken(c, "distro_comm_allgather");
   return c->ops->allgather(c, send, bytes, recv);
 }
 
 distro_status distro_comm_allreduce_sum(distro_comm *c, float *buf, size_t count) {
-  if (!c || (!buf && count))
-    return distro__fail(DISTRO_ERR_INVALID, "distro_comm_allreduce_sum: NULL argument");
+  DISTRO__NONNULL("distro_comm_allreduce_sum", c);
+  if (count) DISTRO__NONNULL("distro_comm_allreduce_sum", buf);
   if (c->broken) return broken(c, "distro_comm_allreduce_sum");
   return c->ops->allreduce_sum(c, buf, count);
 }

@@ -90,7 +90,7 @@ fail:
 static distro_status add(distro_cuda_optim *o, const char *name, void *bf16, float *param, const float *grad, int ndim,
                          const int64_t *shape) {
   distro_status st = DISTRO_OK;
-  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_add_param: NULL argument");
+  DISTRO__NONNULL("distro_cuda_optim_add_param", o);
   if (o->cap == o->host->nparams) {
     int cap = o->cap ? 2 * o->cap : 16;
     cuda_param *p = realloc(o->params, sizeof *p * (size_t)cap);
@@ -116,7 +116,7 @@ distro_status distro_cuda_optim_add_param(distro_cuda_optim *o, const char *name
 
 distro_status distro_cuda_optim_add_param_bf16(distro_cuda_optim *o, const char *name, void *param_bf16, float *master,
                                                const float *grad, int ndim, const int64_t *shape) {
-  if (!param_bf16) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_add_param_bf16: NULL argument");
+  DISTRO__NONNULL("distro_cuda_optim_add_param_bf16", param_bf16);
   return add(o, name, param_bf16, master, grad, ndim, shape);
 }
 
@@ -567,7 +567,9 @@ static void drop_host_arrays(distro_cuda_optim *o) {
 
 distro_status distro_cuda_optim_save(const distro_cuda_optim *co, const char *path) {
   distro_status st = DISTRO_OK;
-  if (!co || !path || !*path) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_save: NULL argument");
+  DISTRO__NONNULL("distro_cuda_optim_save", co);
+  DISTRO__NONNULL("distro_cuda_optim_save", path);
+  if (!*path) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_save: argument 'path' is empty");
   distro_cuda_optim *o = (distro_cuda_optim *)co; /* prepare() allocates lazily; no observable change */
   distro_optim *h = o->host;
   DISTRO_CHECK(prepare(o));
@@ -593,7 +595,8 @@ distro_status distro_cuda_optim_load(distro_cuda_optim *o, const char *path) {
   distro_status st = DISTRO_OK;
   float **fresh = NULL;
   int nfresh = 0;
-  if (!o || !path) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_load: NULL argument");
+  DISTRO__NONNULL("distro_cuda_optim_load", o);
+  DISTRO__NONNULL("distro_cuda_optim_load", path);
   distro_optim *h = o->host;
   const int64_t old_step = h->step;
   DISTRO_CHECK(prepare(o));

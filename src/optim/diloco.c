@@ -103,7 +103,9 @@ distro_status distro_diloco_create(const distro_diloco_options *opt, distro_opti
                                    distro_diloco **out) {
   if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_create: out is NULL");
   *out = NULL;
-  if (!opt || !inner || !outer) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_create: NULL argument");
+  DISTRO__NONNULL("distro_diloco_create", opt);
+  DISTRO__NONNULL("distro_diloco_create", inner);
+  DISTRO__NONNULL("distro_diloco_create", outer);
   distro_status st = options_check(opt);
   if (st != DISTRO_OK) return st;
   if (inner->opt.overlap)
@@ -142,7 +144,8 @@ distro_status distro_diloco_create(const distro_diloco_options *opt, distro_opti
 }
 
 distro_status distro_diloco_set_tensor(distro_diloco *d, const char *name, int layer, unsigned flags) {
-  if (!d || !name) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_set_tensor: NULL argument");
+  DISTRO__NONNULL("distro_diloco_set_tensor", d);
+  DISTRO__NONNULL("distro_diloco_set_tensor", name);
   if (d->ready) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_set_tensor('%s'): only before the first step", name);
   if (layer < -1) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_set_tensor('%s'): layer %d < -1", name, layer);
   if (flags & ~DISTRO_DILOCO_PLAIN_MERGE)
@@ -685,7 +688,9 @@ distro_status distro_diloco_sync_all(distro_diloco *d, distro_diloco_stats *stat
 }
 
 distro_status distro_diloco_get_global(distro_diloco *d, const char *name, float *out, int64_t numel) {
-  if (!d || !name || !out) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_get_global: NULL argument");
+  DISTRO__NONNULL("distro_diloco_get_global", d);
+  DISTRO__NONNULL("distro_diloco_get_global", name);
+  DISTRO__NONNULL("distro_diloco_get_global", out);
   distro_status st = distro__diloco_prepare(d);
   if (st != DISTRO_OK) return st;
   int i = 0;

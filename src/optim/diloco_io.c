@@ -64,7 +64,9 @@ static const char *const field_names[NFIELDS] = {"H", "fragments", "overlap", "n
 distro_status distro_diloco_save(distro_diloco *d, const char *path) {
   distro_status st = DISTRO_OK;
   distro__afile w = {0};
-  if (!d || !path || !*path) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_save: NULL argument");
+  DISTRO__NONNULL("distro_diloco_save", d);
+  DISTRO__NONNULL("distro_diloco_save", path);
+  if (!*path) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_save: argument 'path' is empty");
   DISTRO_CHECK(distro__diloco_prepare(d));
   DISTRO_CHECK(distro__diloco_wait(d, NULL));
   DISTRO_CHECK(distro__afile_open(&w, path));
@@ -120,7 +122,8 @@ distro_status distro_diloco_load(distro_diloco *d, const char *path) {
   distro__rfile r = {0};
   float **fresh = NULL;
   const int P = d ? d->opt.fragments : 0;
-  if (!d || !path) return distro__fail(DISTRO_ERR_INVALID, "distro_diloco_load: NULL argument");
+  DISTRO__NONNULL("distro_diloco_load", d);
+  DISTRO__NONNULL("distro_diloco_load", path);
   DISTRO_CHECK(distro__diloco_prepare(d));
   (void)distro__diloco_wait(d, NULL); /* the loaded state replaces its outcome */
   DISTRO_CHECK(distro__rfile_open(&r, path));

@@ -390,8 +390,11 @@ distro_status distro_payload_bytes(const distro_options *opt, int n, const int *
   distro_status st = DISTRO_OK;
   distro__tiling *t = NULL;
   distro__wire_layout l = {0};
-  if (!opt || !bytes || n < 1 || !ndims || !shapes)
-    return distro__fail(DISTRO_ERR_INVALID, "distro_payload_bytes: NULL argument or no tensors");
+  DISTRO__NONNULL("distro_payload_bytes", opt);
+  DISTRO__NONNULL("distro_payload_bytes", bytes);
+  DISTRO__NONNULL("distro_payload_bytes", ndims);
+  DISTRO__NONNULL("distro_payload_bytes", shapes);
+  if (n < 1) return distro__fail(DISTRO_ERR_INVALID, "distro_payload_bytes: n is %d, need at least one tensor", n);
   DISTRO_CHECK(distro__options_check(opt));
   if (opt->algorithm == DISTRO_ALG_ADAMW) {
     uint64_t total = 0;
@@ -423,7 +426,8 @@ fail:
 }
 
 distro_status distro_optim_payload_bytes(const distro_optim *o, uint64_t *bytes) {
-  if (!o || !bytes) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_payload_bytes: NULL argument");
+  DISTRO__NONNULL("distro_optim_payload_bytes", o);
+  DISTRO__NONNULL("distro_optim_payload_bytes", bytes);
   if (o->nparams == 0) return distro__fail(DISTRO_ERR_INVALID, "no tensors registered");
   int *nd = malloc(sizeof(int) * (size_t)o->nparams);
   const int64_t **sh = malloc(sizeof(int64_t *) * (size_t)o->nparams);

@@ -99,7 +99,9 @@ fail:
 distro_status distro_optim_save(const distro_optim *co, const char *path) {
   distro_status st = DISTRO_OK;
   distro__afile w = {0};
-  if (!co || !path || !*path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_save: NULL argument");
+  DISTRO__NONNULL("distro_optim_save", co);
+  DISTRO__NONNULL("distro_optim_save", path);
+  if (!*path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_save: argument 'path' is empty");
   distro_optim *o = (distro_optim *)co; /* prepare() allocates lazily; no observable change */
   if (distro__overlap_pending(o))
     return distro__fail(DISTRO_ERR_INVALID,
@@ -130,7 +132,8 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   distro__rfile r = {0};
   float **fresh = NULL;
   int nfresh = 0;
-  if (!o || !path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_load: NULL argument");
+  DISTRO__NONNULL("distro_optim_load", o);
+  DISTRO__NONNULL("distro_optim_load", path);
   if (distro__overlap_pending(o))
     return distro__fail(DISTRO_ERR_INVALID,
                         "distro_optim_load: an exchange is in flight (options.overlap); call distro_optim_flush first");

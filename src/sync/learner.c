@@ -136,8 +136,12 @@ fail:
 
 distro_status distro_learner_add_tensor(distro_learner *l, const char *name, float *param, int64_t numel,
                                         unsigned flags) {
-  if (!l || !name || !param || numel < 1)
-    return distro__fail(DISTRO_ERR_INVALID, "distro_learner_add_tensor: NULL argument or numel < 1");
+  DISTRO__NONNULL("distro_learner_add_tensor", l);
+  DISTRO__NONNULL("distro_learner_add_tensor", name);
+  DISTRO__NONNULL("distro_learner_add_tensor", param);
+  if (numel < 1)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_learner_add_tensor('%.64s'): numel is %lld, need at least 1", name,
+                        (long long)numel);
   if (l->started || l->th_started)
     return distro__fail(DISTRO_ERR_INVALID, "distro_learner_add_tensor after distro_learner_start");
   if (flags & ~DISTRO_DILOCO_PLAIN_MERGE) return distro__fail(DISTRO_ERR_INVALID, "unknown tensor flags 0x%x", flags);
@@ -512,7 +516,8 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
 }
 
 distro_status distro_learner_get_stats(distro_learner *l, distro_learner_stats *st) {
-  if (!l || !st) return distro__fail(DISTRO_ERR_INVALID, "distro_learner_get_stats: NULL argument");
+  DISTRO__NONNULL("distro_learner_get_stats", l);
+  DISTRO__NONNULL("distro_learner_get_stats", st);
   if (l->comm && l->rank != 0) {
     *st = l->mirror;
     st->reported = -1;
@@ -535,8 +540,11 @@ distro_status distro_learner_versions(const distro_learner *l, uint64_t *v, int 
 }
 
 distro_status distro_learner_get_global(const distro_learner *l, const char *name, float *out, int64_t numel) {
-  if (!l || !name || !out || !l->started)
-    return distro__fail(DISTRO_ERR_INVALID, "distro_learner_get_global: NULL argument or not started");
+  DISTRO__NONNULL("distro_learner_get_global", l);
+  DISTRO__NONNULL("distro_learner_get_global", name);
+  DISTRO__NONNULL("distro_learner_get_global", out);
+  if (!l->started)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_learner_get_global: the learner is not started (distro_learner_start)");
   int idx = -1;
   for (int i = 0; i < l->nt; i++)
     if (strcmp(l->t[i].name, name) == 0) idx = i;

@@ -267,7 +267,8 @@ void distro_syncer_free(distro_syncer *s) {
 /* ------------------------------------------------------------ queries */
 
 distro_status distro_syncer_get_stats(distro_syncer *s, distro_syncer_stats *st) {
-  if (!s || !st) return distro__fail(DISTRO_ERR_INVALID, "distro_syncer_get_stats: NULL argument");
+  DISTRO__NONNULL("distro_syncer_get_stats", s);
+  DISTRO__NONNULL("distro_syncer_get_stats", st);
   pthread_mutex_lock(&s->mu);
   memset(st, 0, sizeof *st);
   st->merges = s->merges;
@@ -289,7 +290,8 @@ distro_status distro_syncer_get_stats(distro_syncer *s, distro_syncer_stats *st)
 
 distro_status distro_syncer_versions(distro_syncer *s, uint64_t *v, int P) {
   distro_status st = DISTRO_OK;
-  if (!s || !v) return distro__fail(DISTRO_ERR_INVALID, "distro_syncer_versions: NULL argument");
+  DISTRO__NONNULL("distro_syncer_versions", s);
+  DISTRO__NONNULL("distro_syncer_versions", v);
   pthread_mutex_lock(&s->mu);
   if (!s->initialized) DISTRO_FAIL(DISTRO_ERR_INVALID, "syncer has no global copy yet");
   if (P != s->L.P) DISTRO_FAIL(DISTRO_ERR_SHAPE, "P = %d, syncer has %d fragments", P, s->L.P);
@@ -301,7 +303,8 @@ fail:
 
 distro_status distro_syncer_get_global(distro_syncer *s, float *out, int64_t numel, uint64_t *v, int P) {
   distro_status st = DISTRO_OK;
-  if (!s || !out) return distro__fail(DISTRO_ERR_INVALID, "distro_syncer_get_global: NULL argument");
+  DISTRO__NONNULL("distro_syncer_get_global", s);
+  DISTRO__NONNULL("distro_syncer_get_global", out);
   pthread_mutex_lock(&s->mu);
   if (!s->initialized) DISTRO_FAIL(DISTRO_ERR_INVALID, "syncer has no global copy yet");
   if (numel != s->L.total || (v && P != s->L.P))
