@@ -270,7 +270,7 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float step, 
   double clock = ticks();
   const int64_t npos = aggregate_tile(o, i, c, ws->a, ws->cnt, ws->mag);
   ws->t_decode += seconds_between(&clock);
-  if (getenv("XDENSEINV")) distro__dct_tile_inverse(&p->plan, ws->a, ws->b, w, ws->dct); else distro__dct_tile_inverse_sparse(&p->plan, ws->a, ws->mag, npos, ws->b, w, ws->dct);
+  distro__dct_tile_inverse_sparse(&p->plan, ws->a, ws->mag, npos, ws->b, w, ws->dct);
   ws->t_transform += seconds_between(&clock);
   const float shrink = 1.0f - lr * o->opt.weight_decay;
   float *agreed = p->base ? p->base : p->param;
