@@ -8,13 +8,13 @@
 distro_status distro__fail(distro_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* Propagate a failure to the caller's `fail:` cleanup label. */
 /* Returns DISTRO_ERR_INVALID, naming the argument, when it is NULL. */
 #define DISTRO__NONNULL(fn, arg)                                                          \
   do {                                                                                  \
     if (!(arg)) return distro__fail(DISTRO_ERR_INVALID, fn ": argument '" #arg "' is NULL"); \
   } while (0)
 
+/* Propagate a failure to the caller's `fail:` cleanup label. */
 #define DISTRO_CHECK(expr)               \
   do {                                   \
     st = (expr);                         \

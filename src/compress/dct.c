@@ -402,9 +402,8 @@ void distro__dct_tile_inverse_sparse(const distro__dct_plan *p, const float *in,
   /* Width first, one basis row per coefficient (npos w multiply-adds
    * instead of the dense product's h w w), in the order of pos; then the
    * height, factored, as the dense path does. */
-  float *rows = h > 1 ? work : x;
-  if (h > 1) memset(rows, 0, sizeof(float) * (size_t)e);
-  else memset(x, 0, sizeof(float) * (size_t)w);
+  float *rows = h > 1 ? work : x; /* one row: straight into x */
+  memset(rows, 0, sizeof(float) * (size_t)e);
   const int pow2 = (w & (w - 1)) == 0, shift = __builtin_ctzll((unsigned long long)w); /* no division per entry */
   for (int64_t q = 0; q < npos; q++) {
     const int64_t b = pow2 ? pos[q] >> shift : pos[q] / w, d = pow2 ? pos[q] & (w - 1) : pos[q] % w;

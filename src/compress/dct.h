@@ -39,8 +39,7 @@ typedef struct distro__dct_plan {
   float *fh, *fw, *fwt;      /* fwt: fw transposed */
   float *fe[8], *fo[8];      /* FAST, w even and >= 32: the width splits'
                                 products (dct.c, width_forward) */
-  distro__dct1 dh;           /* FAST: the height's factored transform (the
-                                width is a product with fw / fwt) */
+  distro__dct1 dh;           /* FAST: the height's factored transform */
   void *fftw_fwd, *fftw_inv; /* FFTW plans, when method == FFTW */
 } distro__dct_plan;
 

@@ -119,8 +119,11 @@ size_t distro__val_encode(distro_values v, int param, const float *val, int64_t 
       }
       break;
     case DISTRO_VALUES_INT8:
-    case DISTRO_VALUES_INT4: {
-      const int qmax = v == DISTRO_VALUES_INT8 ? 127 : 7, bits = v == DISTRO_VALUES_INT8 ? 8 : 4;
+    case DISTRO_VALUES_INT4:
+    case DISTRO_VALUES_INT2: {
+      /* INT2: the scale rounds absmax/2 up, so every |value| <= 2s. */
+      const int qmax = v == DISTRO_VALUES_INT8 ? 127 : v == DISTRO_VALUES_INT4 ? 7 : 2;
+      const int bits = v == DISTRO_VALUES_INT8 ? 8 : v == DISTRO_VALUES_INT4 ? 4 : 2;
       /* Scales first, then the values: two writers into the one zeroed
        * buffer, so each chunk's scale is computed once. */
       distro__bitw ws = w;
@@ -129,19 +132,13 @@ size_t distro__val_encode(distro_values v, int param, const float *val, int64_t 
         const uint16_t sb = quant_scale(val + c * k, k, qmax);
         distro__bitw_put(&ws, sb, 16);
         const float s = distro__bf16_to_float(sb);
-        for (int64_t j = 0; j < k; j++)
-          distro__bitw_put(&w, (uint64_t)(quantize(val[c * k + j], s, qmax) & ((1 << bits) - 1)), bits);
+        for (int64_t j = 0; j < k; j++) {
+          const uint64_t q = v == DISTRO_VALUES_INT2 ? quantize2(val[c * k + j], s)
+                                                     : (uint64_t)(quantize(val[c * k + j], s, qmax) & ((1 << bits) - 1));
+          distro__bitw_put(&w, q, bits);
+        }
       }
       w.overflow |= ws.overflow;
-      break;
-    }
-    case DISTRO_VALUES_INT2: {
-      /* The scale rounds absmax/2 up, so every |value| <= 2s. */
-      for (int64_t c = 0; c < nchunks; c++) distro__bitw_put(&w, quant_scale(val + c * k, k, 2), 16);
-      for (int64_t c = 0; c < nchunks; c++) {
-        const float s = distro__bf16_to_float(quant_scale(val + c * k, k, 2));
-        for (int64_t j = 0; j < k; j++) distro__bitw_put(&w, quantize2(val[c * k + j], s), 2);
-      }
       break;
     }
   }
