@@ -945,7 +945,7 @@ Test(wire2, reject_malformed_index_sections, .init = one_thread) {
         }
         case DISTRO__IDX_ENUM: { /* chunk ch's rank = C(n, k) */
           const distro__enum_table *et = p.ts[i].et;
-          const unsigned __int128 C = et->c[(n - 1) * (k + 1) + k - 1] + et->c[(n - 1) * (k + 1) + k];
+          const unsigned __int128 C = et->c[(k - 1) * n + n - 1] + et->c[k * n + n - 1];
           if (C >> et->bits) break; /* C = 2^bits: no invalid rank fits */
           memcpy(mut, s.isec, s.ib);
           distro__bitw w = {mut, s.ib, (size_t)ch * (size_t)et->bits, 0};

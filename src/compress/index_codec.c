@@ -21,7 +21,7 @@ int distro__enum_table_init(distro__enum_table *t, int64_t n, int64_t k) {
   t->n = n;
   t->k = k;
   t->bits = 0;
-  t->c = t->ct = NULL;
+  t->c = NULL;
   /* Only for k <= n/2, where every C(c, i) with c < n, i <= k is at most
    * C(n, k), and only while C(n, k) fits in 127 bits. */
   /* C(n, k) >= 2^k for k <= n/2, so k >= 127 never fits: check before
@@ -31,40 +31,31 @@ int distro__enum_table_init(distro__enum_table *t, int64_t n, int64_t k) {
   u128 *c = calloc((size_t)n * (size_t)(k + 1), sizeof *c);
   if (!c) return 0;
   for (int64_t r = 0; r < n; r++) {
-    c[r * (k + 1)] = 1;
+    c[r] = 1; /* C(r, 0) */
     for (int64_t i = 1; i <= k; i++) {
-      u128 v = r == 0 ? 0 : c[(r - 1) * (k + 1) + i - 1] + c[(r - 1) * (k + 1) + i];
+      u128 v = r == 0 ? 0 : c[(i - 1) * n + r - 1] + c[i * n + r - 1];
       if (v >= limit) {
         free(c);
         return 0;
       }
-      c[r * (k + 1) + i] = v;
+      c[i * n + r] = v;
     }
   }
   /* C(n, k) = C(n-1, k-1) + C(n-1, k). */
-  u128 total = c[(n - 1) * (k + 1) + k - 1] + c[(n - 1) * (k + 1) + k];
+  u128 total = c[(k - 1) * n + n - 1] + c[k * n + n - 1];
   if (total >= limit) {
     free(c);
     return 0;
   }
-  u128 *ct = malloc(sizeof *ct * (size_t)n * (size_t)(k + 1));
-  if (!ct) {
-    free(c);
-    return 0;
-  }
-  for (int64_t i = 0; i <= k; i++)
-    for (int64_t r = 0; r < n; r++) ct[i * n + r] = c[r * (k + 1) + i];
   t->bits = bits_for(total);
   t->c = c;
-  t->ct = ct;
   return 1;
 }
 
 void distro__enum_table_destroy(distro__enum_table *t) {
   if (t) {
     free(t->c);
-    free(t->ct);
-    t->c = t->ct = NULL;
+    t->c = NULL;
   }
 }
 
@@ -123,7 +114,6 @@ size_t distro__idx_encode(const uint32_t *idx, int64_t nchunks, int64_t k, int64
                           distro__idx_codec codec, int param, uint8_t *out, size_t cap) {
   distro__bitw w;
   distro__bitw_init(&w, out, cap);
-  const int64_t stride = k + 1;
   for (int64_t c = 0; c < nchunks && !w.overflow; c++) {
     const uint32_t *ci = idx + c * k;
     switch (codec) {
@@ -138,7 +128,7 @@ size_t distro__idx_encode(const uint32_t *idx, int64_t nchunks, int64_t k, int64
         break;
       case DISTRO__IDX_ENUM: {
         u128 rank = 0;
-        for (int64_t j = 0; j < k; j++) rank += et->c[(int64_t)ci[j] * stride + j + 1];
+        for (int64_t j = 0; j < k; j++) rank += et->c[(j + 1) * n + (int64_t)ci[j]];
         distro__bitw_put_long(&w, rank, et->bits);
         break;
       }
@@ -184,11 +174,11 @@ int64_t distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64
         if (r.error) return INT64_MIN;
         /* Greedy: the largest element is the largest c with C(c, k) <= rank.
          * Elements lie a gap apart (about n/k), so each search gallops down
-         * from the last one and then bisects, along one row of ct. */
+         * from the last one and then bisects, along one row of c. */
         int64_t hi = n - 1;
         for (int64_t j = k - 1; j >= 0; j--) {
           if (hi < j) return -(1 + c);
-          const u128 *row = et->ct + (j + 1) * n; /* row[j] = C(j, j+1) = 0 <= rank */
+          const u128 *row = et->c + (j + 1) * n; /* row[j] = C(j, j+1) = 0 <= rank */
           int64_t good = hi, bad = hi + 1, step = 1;
           while (good > j && row[good] > rank) { /* row[bad] > rank (or bad = hi + 1) */
             bad = good;

@@ -26,9 +26,8 @@ typedef enum {
 typedef struct distro__enum_table {
   int64_t n, k;
   int bits; /* ceil(log2 C(n, k)) */
-  unsigned __int128 *c; /* c[c*(k+1) + i] */
-  unsigned __int128 *ct; /* the same by i: ct[i*n + c] = C(c, i); the decoder's
-                            searches run along c */
+  unsigned __int128 *c; /* c[i*n + r] = C(r, i), i <= k, r < n: by i, so the
+                           decoder's searches run along one row */
 } distro__enum_table;
 
 /* Returns 0 and leaves t->c NULL when ENUM cannot code (n, k). */
