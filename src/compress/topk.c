@@ -111,7 +111,8 @@ static int64_t gather_keys_from(const uint32_t *restrict mag, int64_t lo, int64_
   return nc;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !DISTRO_PORTABLE
+#define DISTRO__GATHER_AVX512 1
 #include <immintrin.h>
 __attribute__((target("avx512f"))) static int64_t gather_keys_avx512(const uint32_t *restrict mag, int64_t n,
                                                                       uint32_t thr, uint64_t *restrict cand) {
@@ -134,7 +135,7 @@ __attribute__((target("avx512f"))) static int64_t gather_keys_avx512(const uint3
 #endif
 
 int64_t distro__topk_gather_keys(const uint32_t *mag, int64_t n, uint32_t thr, uint64_t *cand, int portable) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if DISTRO__GATHER_AVX512
   if (!portable && __builtin_cpu_supports("avx512f")) return gather_keys_avx512(mag, n, thr, cand);
 #endif
   (void)portable;
