@@ -22,14 +22,22 @@
 #include "testutil.h"
 /* tests/CMakeLists.txt compiles only testutil.c next to each suite. */
 #include "demo_ref.c"
+#include "optim/optim_internal.h"
 
 #include "overlap_fixture.h"
 
-/* The provisional step of call s: a fraction of the update's own step
- * (src/optim/optim_internal.h, DISTRO__AHEAD_*), computed as the library
- * does in float. */
-static float ahead(const distro_options *o, double lr) {
-  return o->update == DISTRO_UPDATE_SIGN ? 1.0f * (float)lr : (0.75f * 0.75f) * (float)lr;
+/* The provisional step of call s (the step t = s + 1 it stands in for): a
+ * fraction of the update's own step (src/optim/optim_internal.h,
+ * DISTRO__AHEAD_*), computed as the library does in float; DisTrO-AdamW's
+ * step size itself is checked against the float64 reference by
+ * test_reference_step. */
+static float ahead(const distro_options *o, double lr, int64_t t) {
+  if (o->update == DISTRO_UPDATE_SIGN) return 1.0f * (float)lr;
+  const double want = dr_adamw_step(o->beta2, t);
+  const double got = distro__adamw_step_scale(o->beta2, t);
+  cr_assert(fabs(got - want) <= 1e-12 * want, "step %lld: DisTrO-AdamW step %.17g lr, reference %.17g lr",
+            (long long)t, got, want);
+  return 0.75f * (float)(got * lr);
 }
 
 /* Per element of call s: -1, 0 or +1 with la = agreed - a * sign, or 2 if la
@@ -43,7 +51,7 @@ static int provisional_sign(float la, float agreed, float a) {
 
 Test(lookahead, agreed_parameters_are_the_stale_steps, .timeout = 120) {
   const uint64_t seed = tu_seed();
-  const int steps = 4;
+  const int steps = 7; /* DisTrO-AdamW's rectified step is 0 for steps 1-4 (beta2 0.95) */
   for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++)
     for (int world = 1; world <= 3; world++) {
       const mode *md = &modes[mi];
@@ -56,7 +64,7 @@ Test(lookahead, agreed_parameters_are_the_stale_steps, .timeout = 120) {
       run_ok(&la, md->label, seed);
       long moved = 0, all = 0, ranks_differ = 0;
       for (int s = 0; s < steps; s++) {
-        const float a = ahead(&la.opt, la.lrs[s]);
+        const float a = ahead(&la.opt, la.lrs[s], s + 1);
         for (int r = 0; r < world; r++)
           for (int t = 0; t < NT; t++) {
             const float *pl = dr_snap(&la, s, r, t), *ps = dr_snap(&st, s, r, t);
@@ -68,12 +76,13 @@ Test(lookahead, agreed_parameters_are_the_stale_steps, .timeout = 120) {
                         md->label, world, r, names[t], (long long)e, s + 1, pl[e], ps[e], a,
                         (unsigned long long)seed);
               moved += sg != 0;
-              all++;
+              all += a != 0.0f; /* a rectified step of 0 moves nothing (checked above: sg is 0 then) */
             }
             if (r > 0 && !same(pl, dr_snap(&la, s, 0, t), t)) ranks_differ++;
           }
       }
       /* A step along each rank's own selection moves most elements. */
+      cr_assert_gt(all, 0, "%s world %d: no call took a provisional step of nonzero size", md->label, world);
       cr_assert_gt(moved, all / 2, "%s world %d: only %ld of %ld elements took a provisional step", md->label, world,
                    moved, all);
       if (world > 1) cr_assert_gt(ranks_differ, 0, "%s world %d: every rank took the same provisional step", md->label, world);
@@ -119,9 +128,15 @@ static void direction_vs_reference(distro_update u, int world, int steps) {
     for (int r = 0; r < world; r++)
       for (int t = 0; t < NT; t++) gp[r * NT + t] = la.grads[((size_t)s * world + r) * NT + t];
     dr_step(m, la.lrs[s], gp);
-    const float a = ahead(&o, la.lrs[s]);
+    const float a = ahead(&o, la.lrs[s], s + 1);
     for (int r = 0; r < world; r++)
       for (int t = 0; t < NT; t++) {
+        const float *pl0 = dr_snap(&la, s, r, t), *ps0 = dr_snap(&st, s, r, t);
+        if (a == 0.0f) { /* a step whose rectified size is 0: no provisional step either */
+          cr_assert(same(pl0, ps0, t), "world %d rank %d '%s' call %d: a provisional step of size 0 moved elements",
+                    world, r, names[t], s + 1);
+          continue;
+        }
         const double *q = dr_last_q_own(m, t, r);
         double qmax = 0;
         for (int64_t e = 0; e < numel(t); e++) qmax = fmax(qmax, fabs(q[e]));
@@ -155,5 +170,5 @@ Test(lookahead, direction_matches_float64_reference_sign, .timeout = 120) {
 }
 
 Test(lookahead, direction_matches_float64_reference_adamw, .timeout = 120) {
-  for (int world = 1; world <= 3; world++) direction_vs_reference(DISTRO_UPDATE_ADAMW, world, 3);
+  for (int world = 1; world <= 3; world++) direction_vs_reference(DISTRO_UPDATE_ADAMW, world, 6);
 }

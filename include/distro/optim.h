@@ -20,9 +20,11 @@ typedef enum {
   DISTRO_UPDATE_SIGN,  /* DeMo reference: momentum of lr * g; p -= lr * sign(Q) */
   DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: each rank's AdamW second moment (its
                           own, never exchanged) normalizes its gradient
-                          before the compression; p -= 0.75 lr sign(Q)
-                          (docs/design.md). beta1 is unused: the compressed
-                          momentum is the update's momentum. */
+                          before the compression; p -= 0.75 r_t lr sign(Q),
+                          r_t RAdam's rectification of that second moment
+                          at step t (0 for the first steps, then rising to
+                          1; docs/design.md). beta1 is unused: the
+                          compressed momentum is the update's momentum. */
 } distro_update;
 
 typedef enum {
@@ -154,8 +156,8 @@ DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name
  *  - STALE: the caller's parameters are the agreed ones; the gradient of
  *    step t+1 is taken at parameters one update behind.
  *  - LOOKAHEAD: on return the caller's parameters are the agreed ones minus
- *    this rank's provisional step (1.0 lr for the sign update, 0.5625 lr for
- *    DisTrO-AdamW, times the sign of the inverse DCT of its own selection
+ *    this rank's provisional step (1.0 lr for the sign update, 0.75 times
+ *    its own step for DisTrO-AdamW, times the sign of the inverse DCT of its own selection
  *    of step t): an estimate of the update in flight, different on each
  *    rank. The agreed parameters are kept inside the optimizer (4 bytes per
  *    parameter) and replace the caller's at the next step or flush, so

@@ -388,13 +388,30 @@ void distro__demo_commit(distro_optim *o) {
   }
 }
 
-void distro__demo_apply(distro_optim *o, int agg, float lr, float ahead, distro_step_stats *s) {
+double distro__adamw_step_scale(double beta2, int64_t t) {
+  /* RAdam (Liu et al., 2019): the length of the second moment's EMA, rho,
+   * and its rectification r_t of the adaptive step. A beta2 so small that
+   * rho never exceeds 4 leaves nothing to rectify. */
+  const double rinf = 2.0 / (1.0 - beta2) - 1.0;
+  if (!(rinf > 4.0)) return DISTRO__ADAMW_SIGN_STEP;
+  double bt = 1.0, x = beta2; /* beta2^t by squaring: no libm pow, the same bits everywhere */
+  for (int64_t e = t; e > 0; e >>= 1) {
+    if (e & 1) bt *= x;
+    x *= x;
+  }
+  const double rt = rinf - 2.0 * (double)t * bt / (1.0 - bt);
+  if (!(rt > 4.0)) return 0.0;
+  return DISTRO__ADAMW_SIGN_STEP * sqrt((rt - 4.0) * (rt - 2.0) * rinf / ((rinf - 4.0) * (rinf - 2.0) * rt));
+}
+
+void distro__demo_apply(distro_optim *o, int agg, float lr, int64_t t, float ahead, distro_step_stats *s) {
   const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN, nt = step_threads(o);
   const int lookahead = o->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD;
   const int64_t ntiles = o->tile_base[o->nparams];
   /* Every rank applies the same aggregate: each element moves by the sign
-   * of Q, lr for DeMo and DISTRO__ADAMW_SIGN_STEP lr for DisTrO-AdamW. */
-  const float step = sign_update ? lr : DISTRO__ADAMW_SIGN_STEP * lr;
+   * of Q, lr for DeMo and the rectified DISTRO__ADAMW_SIGN_STEP lr for
+   * DisTrO-AdamW (t: the step the aggregate belongs to). */
+  const float step = sign_update ? lr : (float)(distro__adamw_step_scale(o->opt.beta2, t) * (double)lr);
   memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
   const double t0 = distro__now();
 #pragma omp parallel num_threads(nt)
@@ -424,7 +441,7 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
   DISTRO_CHECK(distro__payload_exchange(o, size, s));
   /* 3. Commit: nothing here can fail. */
   distro__demo_commit(o);
-  distro__demo_apply(o, 1, lr, 0.0f, s);
+  distro__demo_apply(o, 1, lr, o->step + 1, 0.0f, s);
   return DISTRO_OK;
 fail:
   return st;

@@ -128,7 +128,7 @@ void distro__demo_commit(distro_optim *o);
  * agreed ones (base). With look-ahead it then sets the caller's parameters
  * to base - ahead sign(inverse DCT of this rank's own selection), or to base
  * when ahead is 0. */
-void distro__demo_apply(distro_optim *o, int agg, float lr_agg, float ahead, distro_step_stats *s);
+void distro__demo_apply(distro_optim *o, int agg, float lr_agg, int64_t t_agg, float ahead, distro_step_stats *s);
 /* Bytes of one thread's workspace of the DeMo step for tiles of up to
  * max_tile elements. */
 size_t distro__demo_ws_bytes(int64_t max_tile);
@@ -164,11 +164,19 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
 distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s);
 int distro__overlap_pending(const distro_optim *o);
 void distro__overlap_free(distro_optim *o);
-/* DisTrO-AdamW's step per element, in units of lr: p -= 0.75 lr sign(Q).
- * Measured (docs/design.md, "The step"; 3 seeds each at AdamW's lr): the
- * demo size falls behind from 0.8 on (1.0: +4.6%), the 4.8x larger size
- * wants more (0.7: +1.29%); 0.75 is within 1% of AdamW at both. */
+/* DisTrO-AdamW's step per element, in units of lr, once the second moment
+ * has seen enough steps: p -= DISTRO__ADAMW_SIGN_STEP r_t lr sign(Q), where
+ * r_t is RAdam's variance rectification of the second moment at step t
+ * (distro__adamw_step_scale; docs/design.md "The step"). */
 #define DISTRO__ADAMW_SIGN_STEP 0.75f
+
+/* DISTRO__ADAMW_SIGN_STEP times r_t for the aggregate of step t (1-based):
+ * 0 while the second moment's estimate has too few samples for its variance
+ * to be defined (t <= 4 at beta2 0.95), rising to 1 as t grows (r_t 0.48 at
+ * t = 15, 0.87 at 50, 0.98 at 100 for beta2 0.95). Computed with IEEE
+ * multiplies, divides and a square root only, so every rank and device gets
+ * the same bits. */
+double distro__adamw_step_scale(double beta2, int64_t t);
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in
  * flight, as a fraction of the update's own step (sign: lr; DisTrO-AdamW:

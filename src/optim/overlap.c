@@ -120,9 +120,9 @@ static void copy_agreed(distro_optim *o, int to_caller) {
 }
 
 /* The provisional step of look-ahead for this step's lr. */
-static float ahead_step(const distro_optim *o, float lr) {
+static float ahead_step(const distro_optim *o, float lr, int64_t t) {
   if (o->opt.update == DISTRO_UPDATE_SIGN) return DISTRO__AHEAD_SIGN * lr;
-  return DISTRO__AHEAD_ADAMW * DISTRO__ADAMW_SIGN_STEP * lr;
+  return DISTRO__AHEAD_ADAMW * (float)(distro__adamw_step_scale(o->opt.beta2, t) * (double)lr);
 }
 
 /* Waits for the exchange in flight; on success its buffers become the
@@ -187,7 +187,7 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
   }
   const size_t size = distro__demo_compress(o, lr, s);
   if (size == 0) { /* a bug (the bound did not hold): finish the committed step, start nothing */
-    distro__demo_apply(o, apply, lr_prev, 0.0f, s);
+    distro__demo_apply(o, apply, lr_prev, o->step, 0.0f, s);
     return DISTRO_ERR_PAYLOAD;
   }
   ov->size = size;
@@ -201,7 +201,8 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
   ov->pending = 1;
   /* The helper reads only the send buffer: the selection in p->idx / p->val
    * stays ours for the provisional step. */
-  if (apply || o->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD) distro__demo_apply(o, apply, lr_prev, ahead_step(o, lr), s);
+  if (apply || o->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD)
+    distro__demo_apply(o, apply, lr_prev, o->step, ahead_step(o, lr, o->step + 1), s);
   return DISTRO_OK;
 }
 
@@ -212,7 +213,7 @@ distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s) {
   if (st != DISTRO_OK) return st;
   distro__demo_commit(o);
   o->step++;
-  distro__demo_apply(o, 1, ov->lr, 0.0f, s);
+  distro__demo_apply(o, 1, ov->lr, o->step, 0.0f, s);
   return DISTRO_OK;
 }
 

@@ -339,15 +339,27 @@ void dr_step(dr_model *m, double lr, const float *const *grads) {
   }
 }
 
+double dr_adamw_step(double beta2, int64_t t) {
+  /* RAdam's rectification, from its paper's formulas: rho_inf = 2/(1-b2) - 1,
+   * rho_t = rho_inf - 2 t b2^t / (1 - b2^t), r_t defined for rho_t > 4. */
+  const double rinf = 2 / (1 - beta2) - 1;
+  if (rinf <= 4) return 0.75;
+  const double bt = pow(beta2, (double)t), rt = rinf - 2 * t * bt / (1 - bt);
+  if (rt <= 4) return 0;
+  return 0.75 * sqrt(((rt - 4) / (rinf - 4)) * ((rt - 2) / (rinf - 2)) * (rinf / rt));
+}
+
 void dr_compare(const dr_model *m, int ti, const float *p0, const float *p1, dr_cmp *out) {
   const dr_config *cfg = &m->cfg;
   const dr_tensor *t = &m->t[ti];
   double lr = m->lr;
   const int sign = cfg->algorithm == DISTRO_ALG_DEMO && cfg->update == DISTRO_UPDATE_SIGN;
   const int distro_adamw = cfg->algorithm == DISTRO_ALG_DEMO && cfg->update == DISTRO_UPDATE_ADAMW;
-  /* Both DeMo updates: p -= step sign(Q), step = lr (sign) or 0.75 lr
-   * (DisTrO-AdamW; the library multiplies in float32). */
-  const double step = distro_adamw ? 0.75 * lr : lr, stol = distro_adamw ? 1e-6 * step : 0.0;
+  /* Both DeMo updates: p -= step sign(Q), step = lr (sign) or 0.75 r_t lr
+   * (DisTrO-AdamW, r_t RAdam's rectification; the library rounds the step
+   * to float32). */
+  const double step = distro_adamw ? dr_adamw_step(cfg->beta2, m->step) * lr : lr,
+               stol = distro_adamw ? 1e-6 * step : 0.0;
   double bc1 = 1 - pow(cfg->beta1, (double)m->step), bc2 = 1 - pow(cfg->beta2, (double)m->step);
   memset(out, 0, sizeof *out);
   out->first = -1;
