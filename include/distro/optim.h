@@ -20,7 +20,7 @@ typedef enum {
   DISTRO_UPDATE_SIGN,  /* DeMo reference: momentum of lr * g; p -= lr * sign(Q) */
   DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: each rank's AdamW second moment (its
                           own, never exchanged) normalizes its gradient
-                          before the compression; p -= 0.75 r_t lr sign(Q),
+                          before the compression; p -= r_t lr sign(Q),
                           r_t RAdam's rectification of that second moment
                           at step t (0 for the first steps, then rising to
                           1; docs/design.md). beta1 is unused: the

@@ -167,8 +167,9 @@ void distro__overlap_free(distro_optim *o);
 /* DisTrO-AdamW's step per element, in units of lr, once the second moment
  * has seen enough steps: p -= DISTRO__ADAMW_SIGN_STEP r_t lr sign(Q), where
  * r_t is RAdam's variance rectification of the second moment at step t
- * (distro__adamw_step_scale; docs/design.md "The step"). */
-#define DISTRO__ADAMW_SIGN_STEP 0.75f
+ * (distro__adamw_step_scale; docs/design.md "The step": with r_t the full
+ * lr is the step at every size measured, no constant between sizes). */
+#define DISTRO__ADAMW_SIGN_STEP 1.0f
 
 /* DISTRO__ADAMW_SIGN_STEP times r_t for the aggregate of step t (1-based):
  * 0 while the second moment's estimate has too few samples for its variance

@@ -343,10 +343,10 @@ double dr_adamw_step(double beta2, int64_t t) {
   /* RAdam's rectification, from its paper's formulas: rho_inf = 2/(1-b2) - 1,
    * rho_t = rho_inf - 2 t b2^t / (1 - b2^t), r_t defined for rho_t > 4. */
   const double rinf = 2 / (1 - beta2) - 1;
-  if (rinf <= 4) return 0.75;
+  if (rinf <= 4) return 1;
   const double bt = pow(beta2, (double)t), rt = rinf - 2 * t * bt / (1 - bt);
   if (rt <= 4) return 0;
-  return 0.75 * sqrt(((rt - 4) / (rinf - 4)) * ((rt - 2) / (rinf - 2)) * (rinf / rt));
+  return sqrt(((rt - 4) / (rinf - 4)) * ((rt - 2) / (rinf - 2)) * (rinf / rt));
 }
 
 void dr_compare(const dr_model *m, int ti, const float *p0, const float *p1, dr_cmp *out) {
@@ -355,7 +355,7 @@ void dr_compare(const dr_model *m, int ti, const float *p0, const float *p1, dr_
   double lr = m->lr;
   const int sign = cfg->algorithm == DISTRO_ALG_DEMO && cfg->update == DISTRO_UPDATE_SIGN;
   const int distro_adamw = cfg->algorithm == DISTRO_ALG_DEMO && cfg->update == DISTRO_UPDATE_ADAMW;
-  /* Both DeMo updates: p -= step sign(Q), step = lr (sign) or 0.75 r_t lr
+  /* Both DeMo updates: p -= step sign(Q), step = lr (sign) or r_t lr
    * (DisTrO-AdamW, r_t RAdam's rectification; the library rounds the step
    * to float32). */
   const double step = distro_adamw ? dr_adamw_step(cfg->beta2, m->step) * lr : lr,

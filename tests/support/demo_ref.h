@@ -49,8 +49,8 @@ int64_t dr_numel(const dr_model *m, int t);
 /* Chunk edges and tile count of tensor t (h = 1 for 1-D tensors). */
 void dr_geometry(const dr_model *m, int t, int *h, int *w, int64_t *tiles);
 
-/* DisTrO-AdamW's step at step t (1-based) in units of lr: 0.75 times
- * RAdam's rectification of the second moment (beta2). */
+/* DisTrO-AdamW's step at step t (1-based) in units of lr: RAdam's
+ * rectification of the second moment (beta2). */
 double dr_adamw_step(double beta2, int64_t t);
 
 /* One step with learning rate lr. grads[r * ntensors + t] is rank r's
