@@ -14,7 +14,7 @@ from setuptools.command.build_py import build_py
 
 def pkg_config(*args):
     try:
-        out = subprocess.run(["pkg-config", *args, "distro"], check=True, capture_output=True, text=True)
+        out = subprocess.run(["pkg-config", "--print-errors", *args, "distro"], check=True, capture_output=True, text=True)
     except FileNotFoundError:
         raise SystemExit("distro: pkg-config is not installed (Debian: apt-get install pkg-config)")
     except subprocess.CalledProcessError as e:
