@@ -5,7 +5,8 @@
  *
  *   c_driver IN OUT
  * IN (little-endian): int32 alg (0 DeMo sign, 1 DisTrO-AdamW, 2 AdamW),
- *   int32 world, steps, ntensors, chunk, topk, threads; float beta1, beta2,
+ *   int32 world, steps, ntensors, chunk, topk, threads, overlap (a
+ *   distro_overlap; flushed after the last step); float beta1, beta2,
  *   eps, weight_decay; float lr[steps]; per tensor int32 ndim, int64
  *   shape[ndim]; per tensor its initial float parameters; then for each
  *   step, rank and tensor the float gradient.
@@ -18,7 +19,7 @@
 #include <distro/distro.h>
 
 typedef struct {
-  int32_t alg, world, steps, nt, chunk, topk, threads;
+  int32_t alg, world, steps, nt, chunk, topk, threads, overlap;
   float beta1, beta2, eps, wd;
   float *lr;
   int32_t *ndim;
@@ -42,6 +43,7 @@ static distro_status rank_fn(distro_comm *c, int rank, void *arg) {
   o.chunk = j->chunk;
   o.topk = j->topk;
   o.threads = j->threads;
+  o.overlap = j->overlap;
   distro_optim *opt = NULL;
   distro_status st = distro_optim_create(&o, c, &opt);
   float **g = calloc((size_t)j->nt, sizeof *g);
@@ -58,6 +60,7 @@ static distro_status rank_fn(distro_comm *c, int rank, void *arg) {
       memcpy(g[t], j->grads[((size_t)s * j->world + rank) * j->nt + t], (size_t)j->numel[t] * sizeof(float));
     st = distro_optim_step(opt, j->lr[s], NULL);
   }
+  if (st == DISTRO_OK) st = distro_optim_flush(opt, NULL);
   for (int t = 0; t < j->nt; t++) free(g[t]);
   free(g);
   distro_optim_free(opt);
@@ -71,7 +74,7 @@ int main(int argc, char **argv) {
   }
   FILE *f = fopen(argv[1], "rb");
   job j = {0};
-  if (!f || rd(f, &j.alg, 7 * 4) || rd(f, &j.beta1, 4 * 4) || j.nt < 1 || j.world < 1 || j.steps < 1) {
+  if (!f || rd(f, &j.alg, 8 * 4) || rd(f, &j.beta1, 4 * 4) || j.nt < 1 || j.world < 1 || j.steps < 1) {
     fprintf(stderr, "c_driver: cannot read %s\n", argv[1]);
     return 1;
   }

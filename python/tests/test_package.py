@@ -20,6 +20,16 @@ import distro.torch as dt
 SHAPES = [(40, 72), (50,), (2, 33, 40), (17, 9)]
 STEPS = 5
 KINDS = {"demo": (dt.DeMo, 0), "distro_adamw": (dt.DisTrOAdamW, 1), "adamw": (dt.AdamW, 2)}
+# Overlap modes (the exchange on the library's helper thread, over a second
+# gloo group): 2 ranks only, against the C driver with the same mode.
+OVERLAP_KINDS = {"distro_adamw_lookahead": (dt.DisTrOAdamW, 1, "lookahead"), "demo_stale": (dt.DeMo, 0, "stale")}
+OVERLAP_CODE = {"off": 0, "lookahead": 1, "stale": 2}
+
+
+def kind_info(kind):
+    if kind in KINDS:
+        return KINDS[kind] + ("off",)
+    return OVERLAP_KINDS[kind]
 SEED = int(os.environ.get("DISTRO_TEST_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
 
 
@@ -31,12 +41,12 @@ def inputs(world, seed):
 
 
 def make_opt(kind, params, comm=None):
-    cls, _ = KINDS[kind]
+    cls, _, overlap = kind_info(kind)
     kw = dict(lr=1e-3, weight_decay=0.05, threads=1, comm=comm)
     if cls is not dt.DeMo:
         kw["betas"] = (0.9, 0.99)
     if cls is not dt.AdamW:
-        kw.update(chunk=16, topk=8)
+        kw.update(chunk=16, topk=8, overlap=overlap)
     return cls(params, **kw)
 
 
@@ -53,6 +63,8 @@ def run_torch(kind, rank, init, grads, comm=None):
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
+    if kind_info(kind)[2] != "off":
+        opt.flush()
     return [p.detach() for p in params], lrs, opt
 
 
@@ -63,7 +75,8 @@ def run_c(kind, world, init, grads, lrs):
     opt = make_opt(kind, [torch.nn.Parameter(torch.zeros(1))])
     g = opt.param_groups[0]
     chunk, topk = (16, 8) if kind != "adamw" else (32, 32)
-    b = struct.pack("<7i", KINDS[kind][1], world, STEPS, len(SHAPES), chunk, topk, 1)
+    _, alg, overlap = kind_info(kind)
+    b = struct.pack("<8i", alg, world, STEPS, len(SHAPES), chunk, topk, 1, OVERLAP_CODE[overlap])
     b += struct.pack("<4f", g["betas"][0], g["betas"][1], g["eps"], g["weight_decay"])
     b += struct.pack("<%df" % STEPS, *lrs)
     for s in SHAPES:
@@ -168,6 +181,17 @@ class BitIdentity(unittest.TestCase):
             if kind != "adamw":  # DeMo: each rank receives what the other sent
                 self.assertEqual(res[0]["received"], res[1]["sent"])
                 self.assertEqual(res[1]["received"], res[0]["sent"])
+
+    def test_overlap_modes_over_gloo_match_the_c_library(self):
+        for kind in OVERLAP_KINDS:
+            res = spawn_ranks("train", kind)
+            init, grads = inputs(2, SEED)
+            ref = run_c(kind, 2, init, grads, res[0]["lrs"])
+            for r in range(2):
+                self.assertTrue(same_bits(res[r]["params"], ref[r]),
+                                "%s rank %d: gloo parameters differ from the C library's (seed %d)" % (kind, r, SEED))
+            self.assertTrue(same_bits(res[0]["params"], res[1]["params"]), "%s: ranks differ after flush" % kind)
+            self.assertFalse(same_bits(res[0]["params"], init), "%s: nothing moved" % kind)
 
 
 class StateAndGroups(unittest.TestCase):
