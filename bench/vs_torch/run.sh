@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
 # bench/vs_torch: distro against PyTorch on one thread (vs_torch.py), with the
-# library installed the way an outside trainer gets it.
+# library installed the way an outside trainer gets it, and driven through
+# the Python package (pip-installed into a venv that sees Debian's torch)
+# and through shim.c (the same calls from C).
 #
-#   bench/vs_torch/run.sh [--build DIR] [vs_torch.py options: --layers N --rounds R --chunk C --topk K]
+#   bench/vs_torch/run.sh [--build DIR] [vs_torch.py options: --layers N --rounds R --chunk C --topk K --tsv F]
 set -euo pipefail
 build=build
 if [ "${1:-}" = --build ]; then build=$2; shift 2; fi
 here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "$build" && pwd)
 py=/usr/bin/python3
 if ! "$py" -c 'import torch' 2>/dev/null; then
   echo "vs_torch: skipped: PyTorch is not installed for $py (Debian: apt-get install python3-torch)"; exit 0
 fi
-prefix=$build/vs_torch/prefix
+work=$build/vs_torch
+prefix=$work/prefix
+rm -rf "$prefix" "$work/venv" "$work/src"
+mkdir -p "$work"
 cmake --install "$build" --prefix "$prefix" > /dev/null
 pc=$(find "$prefix" -name distro.pc -print -quit)
 export PKG_CONFIG_PATH=$(dirname "$pc")
 libdir=$(pkg-config --variable=libdir distro)
 # shellcheck disable=SC2046
-cc -O2 -shared -fPIC -o "$build/vs_torch/libshim.so" "$here/shim.c" $(pkg-config --cflags --libs distro) \
+cc -O2 -shared -fPIC -o "$work/libshim.so" "$here/shim.c" $(pkg-config --cflags --libs distro) \
    -Wl,-rpath,"$libdir"
-exec "$py" "$here/vs_torch.py" --shim "$build/vs_torch/libshim.so" "$@"
+"$py" -m venv --system-site-packages "$work/venv"
+cp -r "$here/../../python" "$work/src"
+rm -rf "$work/src/build" "$work/src"/*.egg-info
+"$work/venv/bin/pip" install -q --no-index --no-deps --no-build-isolation "$work/src"
+cd "$work"
+exec "$work/venv/bin/python" "$here/vs_torch.py" --shim "$work/libshim.so" "$@"

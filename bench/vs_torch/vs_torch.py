@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Side by side on one thread: distro's DeMo step and AdamW baseline (the
-installed library, through shim.c) against the PyTorch formulation of the
+"""Side by side on one thread: distro's DeMo step, DisTrO-AdamW step and
+AdamW baseline through the Python package (distro.torch, a torch.optim
+optimizer over the installed library) and through shim.c (the same calls
+from C: what the binding adds), against the PyTorch formulation of the
 DeMo reference step and torch.optim.AdamW(foreach=True), on the GPT-2 124M
 tensor shapes, in interleaved rounds (median per method). Prints a table
-next to a memory-copy floor measured in the same process. A benchmark: it
-asserts nothing about time.
+next to a memory-copy floor measured in the same process, and appends the
+medians to a TSV (--tsv). A benchmark: it asserts nothing about time.
 
-  vs_torch.py --shim libshim.so [--layers N] [--rounds R] [--chunk C] [--topk K]
+  vs_torch.py --shim libshim.so [--layers N] [--rounds R] [--chunk C] [--topk K] [--tsv FILE]
 """
 import argparse
 import ctypes
 import math
+import os
+import platform
 import statistics
 import sys
 import time
@@ -20,6 +24,7 @@ try:
 except ImportError:
     print("vs_torch: skipped: PyTorch is not installed for this python3 (Debian: python3-torch)")
     sys.exit(0)
+import distro.torch as dt
 
 
 def gpt2_shapes(layers):
@@ -100,6 +105,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--topk", type=int, default=32)
+    ap.add_argument("--tsv", default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
     lib = ctypes.CDLL(a.shim)
@@ -126,7 +132,19 @@ def main():
         return o, ps
 
     demo, demo_p = ours(0)
+    dadam, dadam_p = ours(1)  # keep the tensors: the library holds their storage
     base, base_p = ours(2)
+
+    def package(cls, **kw):
+        ps = [torch.nn.Parameter(t.clone()) for t in init]
+        for p, g in zip(ps, grads):
+            p.grad = g  # the same gradient storage every step, as after a backward into .grad
+        return cls(ps, lr=1e-3, weight_decay=0.0, threads=1, **kw), ps
+
+    dk = dict(chunk=a.chunk, topk=a.topk, values="f32")
+    pkg_demo, pkg_demo_p = package(dt.DeMo, **dk)
+    pkg_dadam, pkg_dadam_p = package(dt.DisTrOAdamW, **dk)
+    pkg_base, pkg_base_p = package(dt.AdamW)
     ref_p = [t.clone() for t in init]
     ref = TorchDeMo(ref_p, a.chunk, a.topk)
     adam_p = [t.clone().requires_grad_(True) for t in init]
@@ -135,12 +153,18 @@ def main():
         p.grad = g.clone()
     lr = 1e-3
     runs = {
-        "distro DeMo step": lambda: lib.shim_step(demo, lr),
+        "package DeMo step": lambda: pkg_demo.step(),
+        "C DeMo step": lambda: lib.shim_step(demo, lr),
         "PyTorch DeMo reference": lambda: ref.step(grads, lr),
-        "distro AdamW baseline": lambda: lib.shim_step(base, lr),
+        "package DisTrO-AdamW": lambda: pkg_dadam.step(),
+        "C DisTrO-AdamW": lambda: lib.shim_step(dadam, lr),
+        "package AdamW baseline": lambda: pkg_base.step(),
+        "C AdamW baseline": lambda: lib.shim_step(base, lr),
         "torch AdamW foreach": lambda: adam.step(),
     }
     times = {k: [] for k in runs}
+    pkgs = {"package DeMo step": pkg_demo, "package DisTrO-AdamW": pkg_dadam, "package AdamW baseline": pkg_base}
+    outside = {k: [] for k in pkgs}  # wall time of step() minus the library's own seconds_total
     print(f"vs_torch: GPT-2 124M shapes, {a.layers} of 12 blocks, {len(shapes)} tensors, {n / 1e6:.1f} M parameters; "
           f"chunk {a.chunk}, topk {a.topk}, f32 values; PyTorch {torch.__version__}, 1 thread each; "
           f"{a.rounds} interleaved rounds (the first is warm-up)")
@@ -152,6 +176,8 @@ def main():
                 sys.exit(f"vs_torch: {k} failed")
             if r > 0:
                 times[k].append(time.perf_counter() - t)
+                if k in pkgs:
+                    outside[k].append(times[k][-1] - pkgs[k].last_stats.seconds_total)
         print(f"  round {r}: " + ", ".join(f"{k} {times[k][-1]:.3f} s" if r else f"{k} (warm-up)" for k in runs))
     floor = copy_floor(n)  # seconds to move 8 B/param (4 read + 4 written)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -161,11 +187,40 @@ def main():
     for k, v in times.items():
         fl = 3.5 * floor if "AdamW" in k else 2.5 * floor
         print(f"{k:<26} {med[k]:9.3f} {min(v):8.3f} {med[k] / fl:8.1f}")
-    print(f"\ndistro DeMo step vs PyTorch DeMo reference: {med['PyTorch DeMo reference'] / med['distro DeMo step']:.1f}x "
-          f"faster (target >= 10x)")
-    print(f"distro AdamW baseline vs torch AdamW foreach: {med['torch AdamW foreach'] / med['distro AdamW baseline']:.2f}x "
-          f"(target >= 1, i.e. no slower)")
+    ratios = {
+        "package DeMo step vs PyTorch DeMo reference (x faster, target >= 5)":
+            med["PyTorch DeMo reference"] / med["package DeMo step"],
+        "package DisTrO-AdamW vs PyTorch DeMo reference (x faster)":
+            med["PyTorch DeMo reference"] / med["package DisTrO-AdamW"],
+        "binding overhead, DeMo step (package / C - 1, target <= 5%)": med["package DeMo step"] / med["C DeMo step"] - 1,
+        "binding overhead, DisTrO-AdamW": med["package DisTrO-AdamW"] / med["C DisTrO-AdamW"] - 1,
+        "binding overhead, AdamW baseline": med["package AdamW baseline"] / med["C AdamW baseline"] - 1,
+        "package AdamW baseline vs torch AdamW foreach (x faster)":
+            med["torch AdamW foreach"] / med["package AdamW baseline"],
+    }
+    for k, v in outside.items():
+        ratios[f"binding time outside the C call, {k} (median s / median step, target <= 5%)"] = \
+            statistics.median(v) / med[k]
+    print()
+    for k, v in ratios.items():
+        print(f"{k}: {v * 100:+.2f}%" if "overhead" in k or "outside" in k else f"{k}: {v:.2f}x")
+    if a.tsv:
+        new = not os.path.exists(a.tsv)
+        with open(a.tsv, "a") as f:
+            if new:
+                f.write("date\thost\tlayers\tchunk\ttopk\trounds\tmethod\tmedian_s\tmin_s\tfloor_copy_s\n")
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            for k, v in times.items():
+                f.write(f"{stamp}\t{platform.node()}\t{a.layers}\t{a.chunk}\t{a.topk}\t{a.rounds}\t{k}\t"
+                        f"{med[k]:.4f}\t{min(v):.4f}\t{floor:.5f}\n")
+            for k, v in outside.items():
+                f.write(f"{stamp}\t{platform.node()}\t{a.layers}\t{a.chunk}\t{a.topk}\t{a.rounds}\t"
+                        f"{k}: outside the C call\t{statistics.median(v):.5f}\t{min(v):.5f}\t{floor:.5f}\n")
     # Same inputs, same steps: how far apart the DeMo parameters ended.
+    for label, c_p, py_p in (("DeMo", demo_p, pkg_demo_p), ("DisTrO-AdamW", dadam_p, pkg_dadam_p),
+                             ("AdamW baseline", base_p, pkg_base_p)):
+        same = all(torch.equal(x, y.detach()) for x, y in zip(c_p, py_p))
+        print(f"{label} parameters after {a.rounds + 1} steps, package vs C: {'bit-identical' if same else 'DIFFERENT'}")
     diff = max((x - y).abs().max().item() for x, y in zip(demo_p, ref_p))
     moved = max((x - y).abs().max().item() for x, y in zip(ref_p, init))
     print(f"DeMo parameters after {a.rounds + 1} steps: max |distro - reference| {diff:.3g} "

@@ -47,7 +47,7 @@ distro_status distro_comm_set_timeout(distro_comm *c, double seconds) {
   if (!c) return distro__fail(DISTRO_ERR_INVALID, "distro_comm_set_timeout: NULL comm");
   if (!(seconds >= 0) || !isfinite(seconds) || seconds > 1e6)
     return distro__fail(DISTRO_ERR_INVALID, "distro_comm_set_timeout: %g s is not in [0, 1e6]", seconds);
-  if (!c->ops->timeouts)
+  if (!c->ops->timeouts || c->no_timeout)
     return distro__fail(DISTRO_ERR_UNSUPPORTED, "distro_comm_set_timeout: the %s communicator has no timeout",
                         c->ops->name);
   c->timeout_s = seconds;

@@ -29,6 +29,8 @@ struct distro_comm {
   void *impl;
   double timeout_s; /* 0: collectives wait as long as it takes */
   int broken;       /* a collective timed out: every later one fails at once */
+  int no_timeout;   /* this comm cannot bound its waits although its backend
+                       can (custom: no set_timeout callback) */
   int poll;         /* MPI: wait by polling with short sleeps, never spinning in
                        MPI_Wait (a helper thread beside the caller's compute) */
 };
