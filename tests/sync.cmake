@@ -29,6 +29,12 @@ if(DISTRO_WITH_SYNC)
     endif()
   endforeach()
 endif()
+# test_sync_hostile's hostile learner uses the attacks of gpt-train-hostile.
+if(DISTRO_WITH_SYNC AND TARGET test_sync_hostile)
+  set(_dec ${PROJECT_SOURCE_DIR}/python-free-examples/decoupled)
+  target_sources(test_sync_hostile PRIVATE ${_dec}/attacks.c)
+  target_include_directories(test_sync_hostile PRIVATE ${_dec})
+endif()
 # The GPT trainer's decoupled mode runs against a distro-syncer process.
 if(DISTRO_WITH_SYNC AND TARGET test_gpt_train AND GPT_TESTS_ENABLED) # set by tests/gpt.cmake (included first)
   add_dependencies(test_gpt_train distro-syncer)

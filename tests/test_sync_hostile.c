@@ -7,7 +7,7 @@
  *   grad100   outer gradient -100 delta
  *   neg20     theta <- -20 theta
  *   noise     theta + 1000 N(0, 1)
- *   huge      finite +-3e38 values
+ *   huge      finite +-3e38 values (mean merge)
  *   tokens    2^53 tokens claimed in 1 step, delta negated (token merge)
  *   freeride  delta 0 with 2^53 tokens (token merge)
  *   nan       NaN and Inf values
@@ -19,7 +19,7 @@
  * bound that the honest-only run meets with a wide margin, that no honest
  * learner failed a step, and that the syncer's log names the hostile
  * learner (id 3) within the first 10 merges. The same scenarios with the
- * defences off (today's arithmetic before this change: robust none,
+ * defences off (the arithmetic before them: robust none,
  * no bounds, no caps, no quarantine) are checked to do damage, so each
  * scenario fails on the code before the defences. */
 #define _POSIX_C_SOURCE 200809L
@@ -29,59 +29,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef DISTRO_WITH_SYNC
 #include "sync/learner_internal.h"
+#include "sync/syncer_internal.h"
+#include "attacks.h" /* python-free-examples/decoupled: the attacks, shared with gpt-train-hostile */
 #include "sync_harness.h"
 
 enum { NP = 256, HOSTILE = 3, NL = 4 };
-#define RUN_S 3.0
+/* Honest steps and late merges each run waits for (see scenario). */
+#define STEPS_LATE 600
+#define MERGES_LATE 10
 /* Loss bound of the global copy and the honest learners: the initial loss
  * is ~0.5; the honest-only run ends near 3e-13 (asserted below 1e-9). */
 #define LOSS_BOUND 1e-8
-/* A job merges ~20 times in RUN_S (after the joins); one that merges
- * fewer than this stalled (every merge with the hostile report dropped). */
-#define MIN_MERGES 10
 
-typedef enum { A_NONE, A_GRAD100, A_NEG20, A_NOISE, A_HUGE, A_TOKENS, A_FREERIDE, A_NAN } attack;
-static const char *attack_name[] = {"none", "grad100", "neg20", "noise", "huge", "tokens", "freeride", "nan"};
-
-/* ------------------------------------------------------------ the hook */
-
-typedef struct {
-  attack a;
-  uint64_t rng;
-} hostile;
-
-static double gauss(uint64_t *s) {
-  double u[2];
-  for (int k = 0; k < 2; k++) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    u[k] = ((double)(*s >> 11) + 0.5) / 9007199254740992.0;
-  }
-  return sqrt(-2 * log(u[0])) * cos(6.283185307179586 * u[1]);
-}
-
-/* delta = base - theta: rewrite it (and the claims) as the attack does. */
-static void rewrite(void *ctx, int p, float *delta, const float *base, int64_t n, uint64_t *tokens, uint64_t *steps) {
-  hostile *h = ctx;
-  (void)p;
-  for (int64_t j = 0; j < n; j++) {
-    const float th = base[j] - delta[j];
-    switch (h->a) {
-      case A_GRAD100: delta[j] = -100.0f * delta[j]; break;
-      case A_NEG20: delta[j] = base[j] - (-20.0f * th); break;
-      case A_NOISE: delta[j] = base[j] - (th + (float)(1000.0 * gauss(&h->rng))); break;
-      case A_HUGE: delta[j] = j % 2 ? -3e38f : 3e38f; break;
-      case A_TOKENS: delta[j] = -delta[j]; break;
-      case A_FREERIDE: delta[j] = 0; break;
-      case A_NAN: delta[j] = j % 3 == 0 ? NAN : j % 3 == 1 ? INFINITY : delta[j]; break;
-      default: break;
-    }
-  }
-  if (h->a == A_TOKENS) *tokens = 1ull << 53, *steps = 1;
-  if (h->a == A_FREERIDE) *tokens = 1ull << 53;
-}
+typedef attack_kind attack;
+#define A_NONE ATTACK_NONE
+#define A_GRAD100 ATTACK_GRAD100
+#define A_NEG20 ATTACK_NEG20
+#define A_NOISE ATTACK_NOISE
+#define A_HUGE ATTACK_HUGE
+#define A_TOKENS ATTACK_TOKENS
+#define A_FREERIDE ATTACK_FREERIDE
+#define A_NAN ATTACK_NAN
 
 /* ------------------------------------------------------------ learners */
 
@@ -89,7 +61,7 @@ typedef struct {
   const char *ep;
   int id;
   float theta[NP];
-  hostile hk;
+  attack_state hk;
   int hooked;
   atomic_int stop, started;
   distro_status start_st, step_st;
@@ -111,7 +83,7 @@ static void *learner_main(void *arg) {
   distro_status st = distro_learner_create(&o, &l);
   if (st == DISTRO_OK) st = distro_learner_add_tensor(l, "w", L->theta, NP - NP / 4, 0);
   if (st == DISTRO_OK) st = distro_learner_add_tensor(l, "b", L->theta + NP - NP / 4, NP / 4, 0);
-  if (st == DISTRO_OK && L->hooked) distro__learner_set_report_hook(l, rewrite, &L->hk);
+  if (st == DISTRO_OK && L->hooked) distro__learner_set_report_hook(l, attack_rewrite, &L->hk);
   if (st == DISTRO_OK) st = distro_learner_start(l);
   L->start_st = st;
   atomic_store(&L->started, 1);
@@ -169,11 +141,12 @@ typedef struct {
   int honest_failed;               /* an honest learner's step failed (non-finite parameters) */
   char why[300];
   int named_at, merges;
+  int late_merges; /* merges after the honest learners' STEPS_LATE / 2-th step (< MERGES_LATE: the job stalled) */
   distro_syncer_learner_stats hs;
   distro_syncer_stats ss;
 } outcome;
 
-static outcome scenario(attack a, int defended) {
+static outcome scenario(attack a, int defended, int refuse) {
   static sh_syncer h;
   static logbook book;
   static learner L[NL];
@@ -188,13 +161,19 @@ static outcome scenario(attack a, int defended) {
   distro_syncer_options o;
   sh_options(&o, ep, 2);
   o.quorum = 3;
-  o.merge = a == A_TOKENS || a == A_FREERIDE ? DISTRO_MERGE_TOKENS : DISTRO_MERGE_RADIAL_TOKENS;
+  /* The token attacks against the token merge; +-3e38 against the mean
+   * (the radial merge's norm overflows and the syncer drops the merge:
+   * before the defences that stalls every merge holding the report). */
+  o.merge = a == A_TOKENS || a == A_FREERIDE ? DISTRO_MERGE_TOKENS
+            : a == A_HUGE                    ? DISTRO_MERGE_MEAN
+                                             : DISTRO_MERGE_RADIAL_TOKENS;
   o.outer_lr = 1.0f;
   o.outer_momentum = 0.0f;
   o.log = log_line;
   o.log_ctx = &book;
   if (defended) {
     o.robust = DISTRO_SYNC_ROBUST_TRIMMED; /* f = 1 of quorum 3; the bounds keep their defaults */
+    if (refuse) o.out_of_bound = DISTRO_SYNC_BOUND_REFUSE;
   } else {
     o.robust = DISTRO_SYNC_ROBUST_NONE;
     o.clip_multiple = 0;
@@ -210,13 +189,31 @@ static outcome scenario(attack a, int defended) {
     L[i].ep = ep;
     L[i].id = i;
     L[i].hooked = i == HOSTILE;
-    L[i].hk.a = a;
+    L[i].hk.kind = a;
     L[i].hk.rng = 12345;
     cr_assert_eq(pthread_create(&L[i].th, NULL, learner_main, &L[i]), 0);
     if (i == 0) /* learner 0 seeds; the others join from it */
       for (double t0 = sh_now(); !atomic_load(&L[0].started) && sh_now() - t0 < 15;) sh_sleep(0.01);
   }
-  sh_sleep(RUN_S);
+  /* Runs until the honest learners made STEPS_LATE steps and the job
+   * MERGES_LATE merges after their STEPS_LATE / 2-th step (not a time:
+   * a loaded machine only makes it longer), or until the time limit. */
+  int nm_mid = -1;
+  for (double t0 = sh_now(); sh_now() - t0 < (defended ? 90.0 : 30.0);) {
+    long least = -1;
+    for (int i = 0; i < 3; i++)
+      if (least < 0 || L[i].steps < least) least = L[i].steps;
+    pthread_mutex_lock(&h.mu);
+    const int nm = h.nm;
+    pthread_mutex_unlock(&h.mu);
+    if (nm_mid < 0 && least >= STEPS_LATE / 2) nm_mid = nm;
+    out.late_merges = nm_mid < 0 ? 0 : nm - nm_mid;
+    if (least >= STEPS_LATE && out.late_merges >= MERGES_LATE) break;
+    int gone = 0;
+    for (int i = 0; i < 3; i++) gone |= L[i].start_st != DISTRO_OK && atomic_load(&L[i].started);
+    if (gone) break;
+    sh_sleep(0.01);
+  }
   for (int i = 0; i < n; i++) atomic_store(&L[i].stop, 1);
   for (int i = 0; i < n; i++) pthread_join(L[i].th, NULL);
   float g[NP];
@@ -237,10 +234,12 @@ static outcome scenario(attack a, int defended) {
   out.named_at = book.named_at;
   out.merges = h.nm;
   pthread_mutex_unlock(&book.mu);
-  cr_log_info("%-8s %s: global loss %.3g, worst honest loss %.3g%s%s, merges %d, named at merge %d (%s); learner 3: "
+  cr_log_info("%-8s %s: global loss %.3g, worst honest loss %.3g%s%s, merges %d (late %d), named at merge %d (%s); "
+              "learner 3: "
               "clipped %llu refused %llu capped %llu quarantines %llu share max %.3f; steps not applied %llu",
-              attack_name[a], defended ? "defended" : "undefended", out.global_loss, out.honest_loss,
-              out.honest_failed ? ", an honest learner failed: " : "", out.why, out.merges, out.named_at, book.first,
+              attack_name(a), defended ? "defended" : "undefended", out.global_loss, out.honest_loss,
+              out.honest_failed ? ", an honest learner failed: " : "", out.why, out.merges, out.late_merges, out.named_at,
+              book.first,
               (unsigned long long)out.hs.clipped, (unsigned long long)out.hs.refused,
               (unsigned long long)out.hs.capped, (unsigned long long)out.hs.quarantines, out.hs.weight_share_max,
               (unsigned long long)out.ss.steps_skipped);
@@ -249,18 +248,19 @@ static outcome scenario(attack a, int defended) {
 }
 
 static void defended(attack a) {
-  const outcome r = scenario(a, 1);
-  cr_assert(!r.honest_failed, "%s: an honest learner failed: %s", attack_name[a], r.why);
-  cr_assert_leq(r.global_loss, LOSS_BOUND, "%s: global loss %g", attack_name[a], r.global_loss);
-  cr_assert_leq(r.honest_loss, LOSS_BOUND, "%s: an honest learner's loss %g", attack_name[a], r.honest_loss);
-  cr_assert_geq(r.merges, MIN_MERGES, "%s: the job merges (%d)", attack_name[a], r.merges);
-  cr_assert(r.named_at >= 0 && r.named_at <= 10, "%s: the syncer's log names learner %d at merge %d", attack_name[a],
+  const outcome r = scenario(a, 1, 0);
+  cr_assert(!r.honest_failed, "%s: an honest learner failed: %s", attack_name(a), r.why);
+  cr_assert_leq(r.global_loss, LOSS_BOUND, "%s: global loss %g", attack_name(a), r.global_loss);
+  cr_assert_leq(r.honest_loss, LOSS_BOUND, "%s: an honest learner's loss %g", attack_name(a), r.honest_loss);
+  cr_assert_geq(r.late_merges, MERGES_LATE, "%s: the job merges (%d late merges)", attack_name(a), r.late_merges);
+  cr_assert(r.named_at >= 0 && r.named_at <= 10, "%s: the syncer's log names learner %d at merge %d", attack_name(a),
             HOSTILE, r.named_at);
 }
 
 Test(sync_hostile, honest_only_run_ends_far_below_the_bound) {
-  const outcome r = scenario(A_NONE, 1);
+  const outcome r = scenario(A_NONE, 1, 0);
   cr_assert(!r.honest_failed, "%s", r.why);
+  cr_assert_geq(r.late_merges, MERGES_LATE, "the job merges (%d late merges)", r.late_merges);
   cr_assert_leq(r.global_loss, LOSS_BOUND / 10, "global loss %g", r.global_loss);
   cr_assert_leq(r.honest_loss, LOSS_BOUND / 10, "honest loss %g", r.honest_loss);
   cr_assert_eq(r.ss.clipped + r.ss.refused + r.ss.quarantines + r.ss.steps_skipped, 0,
@@ -279,17 +279,76 @@ Test(sync_hostile, nan_and_inf_values_quarantined) {
   defended(A_NAN);
 }
 
+/* out_of_bound REFUSE: the out-of-bound reports are left out (counted
+ * per learner), without clipping, and the job is as safe. */
+Test(sync_hostile, refuse_mode_leaves_out_of_bound_reports_out) {
+  const outcome r = scenario(A_GRAD100, 1, 1);
+  cr_assert(!r.honest_failed, "%s", r.why);
+  cr_assert_leq(r.global_loss, LOSS_BOUND, "global loss %g", r.global_loss);
+  cr_assert_leq(r.honest_loss, LOSS_BOUND, "honest loss %g", r.honest_loss);
+  cr_assert_geq(r.late_merges, MERGES_LATE, "the job merges (%d late merges)", r.late_merges);
+  cr_assert_geq(r.hs.refused, 1, "learner 3's reports refused: %llu", (unsigned long long)r.hs.refused);
+  cr_assert_eq(r.hs.clipped, 0, "nothing clipped in refuse mode (%llu)", (unsigned long long)r.hs.clipped);
+  cr_assert(r.named_at >= 0 && r.named_at <= 10, "named at merge %d", r.named_at);
+}
+
 /* The harness bites: without the defences (the arithmetic before them)
  * every attack but NaN/Inf (refused before, too) breaks the bound. */
 Test(sync_hostile, undefended_attacks_break_the_bound) {
   const attack as[] = {A_GRAD100, A_NEG20, A_NOISE, A_HUGE, A_TOKENS, A_FREERIDE};
   for (size_t k = 0; k < sizeof as / sizeof *as; k++) {
-    const outcome r = scenario(as[k], 0);
+    const outcome r = scenario(as[k], 0, 0);
     cr_assert(r.honest_failed || !(r.global_loss <= LOSS_BOUND) || !(r.honest_loss <= LOSS_BOUND) ||
-                  r.merges < MIN_MERGES,
-              "%s did no damage without the defences (global %g, honest %g, %d merges)", attack_name[as[k]],
-              r.global_loss, r.honest_loss, r.merges);
+                  r.late_merges < MERGES_LATE,
+              "%s did no damage without the defences (global %g, honest %g, %d late merges)", attack_name(as[k]),
+              r.global_loss, r.honest_loss, r.late_merges);
   }
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The trimmed mean against a float64 reference on fresh random reports,
+ * and its guarantee: with f hostile reports (huge, tiny, or in between)
+ * every element lies within the honest reports' range. */
+Test(sync_hostile, trimmed_mean_matches_float64_and_stays_in_the_honest_range) {
+  distro__sy_layout L;
+  const int64_t numel[2] = {300, 77};
+  const unsigned flags[2] = {0, 0};
+  cr_assert_eq(distro__sy_layout_build(&L, 2, numel, flags, 42, 2, DISTRO_FRAG_SEQUENTIAL, 0, DISTRO_OUTER_F32, 64),
+               DISTRO_OK, "%s", distro_last_error());
+  uint64_t rng = (uint64_t)time(NULL) * 2654435761u + 1;
+  for (int p = 0; p < 2; p++)
+    for (int n = 3; n <= 9; n++)
+      for (int f = 1; 2 * f + 1 <= n; f++) {
+        const int64_t m = L.frags.numel[p];
+        float *d[9], *out = malloc(sizeof(float) * (size_t)m);
+        for (int r = 0; r < n; r++) {
+          d[r] = malloc(sizeof(float) * (size_t)m);
+          for (int64_t j = 0; j < m; j++) d[r][j] = (float)attack_gauss(&rng);
+        }
+        /* The first f reports are hostile. */
+        for (int r = 0; r < f; r++)
+          for (int64_t j = 0; j < m; j++) d[r][j] = r % 2 ? -3e38f : (float)(1e6 * attack_gauss(&rng));
+        distro__sy_trimmed_mean(&L, p, n, f, (const float *const *)d, out);
+        for (int64_t j = 0; j < m; j++) {
+          double v[9], lo = INFINITY, hi = -INFINITY, sum = 0;
+          for (int r = 0; r < n; r++) v[r] = d[r][j];
+          for (int r = f; r < n; r++) lo = fmin(lo, v[r]), hi = fmax(hi, v[r]);
+          qsort(v, (size_t)n, sizeof *v, cmp_double);
+          for (int r = f; r < n - f; r++) sum += v[r];
+          const double ref = sum / (n - 2 * f);
+          cr_assert_leq(fabs(out[j] - ref), 1e-6 * (1 + fabs(ref)), "p %d n %d f %d element %lld: %g vs %g", p, n, f,
+                        (long long)j, (double)out[j], ref);
+          cr_assert(out[j] >= (float)lo && out[j] <= (float)hi, "n %d f %d: %g outside the honest [%g, %g]", n, f,
+                    (double)out[j], lo, hi);
+        }
+        for (int r = 0; r < n; r++) free(d[r]);
+        free(out);
+      }
+  distro__sy_layout_destroy(&L);
 }
 
 Test(sync_hostile, robust_rule_that_would_degenerate_is_refused) {

@@ -20,7 +20,11 @@
  *
  * Security (docs/protocol.md, "Threat model"): without CURVE keys anyone
  * who reaches an endpoint can act as a learner, so an endpoint reachable
- * from other machines needs CURVE keys or an explicit `insecure`.
+ * from other machines needs CURVE keys or an explicit `insecure`. A
+ * learner that holds a valid key and lies in its reports is bounded by the
+ * syncer (clipped reports, capped token weights, capped global steps,
+ * quarantine) and, with `robust`, outvoted per element (trimmed mean or
+ * median: f hostile reports of n >= 2f + 1).
  *
  * Built only when libzmq is found (DISTRO_WITH_SYNC is then defined). */
 #ifndef DISTRO_SYNC_H
@@ -169,7 +173,8 @@ typedef void (*distro_sync_merge_fn)(void *ctx, const distro_sync_merge_info *in
 
 typedef struct distro_syncer_stats {
   uint64_t merges;
-  uint64_t abandoned;       /* rounds closed at their deadline without a quorum (reports carried over) */
+  uint64_t abandoned;       /* rounds closed at their deadline without a quorum, or left with too few
+                               reports after refusals (reports carried over) */
   double no_merge_s;        /* seconds without a merge while learners are live (0 when idle) */
   uint64_t rejected;        /* messages answered with an ERROR */
   uint64_t reports;         /* reports accepted */
@@ -183,7 +188,7 @@ typedef struct distro_syncer_stats {
   uint64_t clipped;         /* reports scaled down to their bound */
   uint64_t refused;         /* reports left out: out of bounds (REFUSE), non-finite, or from a quarantined learner */
   uint64_t capped;          /* token weights or claims cut down (weight_cap, tokens per step, steps) */
-  uint64_t steps_skipped;   /* merged updates not applied (step_max_rel, or the robust rule lacked reports) */
+  uint64_t steps_skipped;   /* merged updates not applied (step_max_rel) */
   uint64_t quarantines;     /* learners quarantined */
 } distro_syncer_stats;
 

@@ -35,6 +35,14 @@ static double lower_median_pos(double *v, int n) {
   return v[(k - 1) / 2];
 }
 
+/* Sum of squares in float64, serial (a fragment's few reports: no thread
+ * start-up on a busy machine) and in a fixed order. */
+static double sumsq(const float *x, int64_t n) {
+  double s = 0;
+  for (int64_t j = 0; j < n; j++) s += (double)x[j] * x[j];
+  return s;
+}
+
 static int auto_f(const distro_syncer_options *o) { return o->robust_f > 0 ? o->robust_f : (o->quorum - 1) / 2; }
 
 distro_status distro__syncer_check_bounds(const distro_syncer_options *o) {
@@ -160,11 +168,11 @@ int distro__syncer_screen(distro_syncer *s, int p, int n, const int *ids, float 
   for (int i = 0; i < n; i++) {
     keep[i] = 1;
     why[i][0] = 0;
-    norm[i] = sqrt(distro__sumsq(deltas[i], numel));
+    norm[i] = sqrt(sumsq(deltas[i], numel));
     pool[np++] = norm[i];
   }
   for (int k = 0; k < F->norm_n; k++) pool[np++] = F->norm_hist[k];
-  const double med = lower_median_pos(pool, np), gnorm = sqrt(distro__sumsq(F->global, numel));
+  const double med = lower_median_pos(pool, np), gnorm = sqrt(sumsq(F->global, numel));
   double bound = INFINITY;
   if (o->clip_multiple > 0 && med > 0) bound = o->clip_multiple * med;
   if (o->report_max_rel > 0 && gnorm > 0 && o->report_max_rel * gnorm < bound) bound = o->report_max_rel * gnorm;

@@ -157,6 +157,21 @@ static void merge(distro_syncer *s, int p, double now) {
   /* Bounds, token claims and weights (bounds.c); refused reports leave the
    * merge (they stay in F->rep only to be freed). */
   const int nk = distro__syncer_screen(s, p, nr, ids, s->deltas, tok, stp, w, keep, nrm, now);
+  for (int i = 0; i < nr; i++) {
+    sy_learner *l = s->learners[ids[i]];
+    if (keep[i] || !l || !l->alive) continue;
+    /* Refused: the learner counts the work as lost. */
+    static const char why[] = "report out of bounds: refused (see the syncer's log)";
+    distro__sy_msg m = {0};
+    m.type = DISTRO__SY_ERROR;
+    m.learner = (uint32_t)ids[i];
+    m.fragment = (uint32_t)p;
+    m.a = DISTRO_SYNC_E_REFUSED;
+    m.b = DISTRO__SY_REPORT;
+    m.c = F->rep[i].round;
+    m.payload_bytes = (uint32_t)(sizeof why - 1);
+    distro__syncer_send_to(s, l, &m, why);
+  }
   float *kd[256];
   double kw[256];
   int k = 0;
@@ -171,14 +186,24 @@ static void merge(distro_syncer *s, int p, double now) {
   }
   const int f_rob = distro__syncer_robust_f(s, nk);
   if (nk == 0 || (s->opt.robust != DISTRO_SYNC_ROBUST_NONE && nk < 2 * f_rob + 1)) {
-    distro__syncer_log(s, "fragment %d: round %llu not merged: %d report(s) kept, the %s needs %d", p,
-                       (unsigned long long)F->round, nk,
+    /* Too few reports left after the refusals: the round ends as an
+     * abandoned one, the kept reports wait for p's next round. */
+    distro__syncer_log(s, "fragment %d: round %llu not merged: %d report(s) kept, the %s needs %d; kept for the next "
+                       "round", p, (unsigned long long)F->round, nk,
                        s->opt.robust == DISTRO_SYNC_ROBUST_NONE ? "merge" : "robust rule", 2 * f_rob + 1);
-    pthread_mutex_lock(&s->mu);
-    s->steps_skipped++;
-    pthread_mutex_unlock(&s->mu);
-    drop_reports(F);
+    int kept = 0;
+    for (int i = 0; i < nr; i++)
+      if (keep[i]) {
+        F->rep[i].late = 1;
+        F->rep[kept++] = F->rep[i];
+      } else {
+        free(F->rep[i].enc);
+      }
+    F->nrep = kept;
     F->open = 0;
+    pthread_mutex_lock(&s->mu);
+    s->abandoned++;
+    pthread_mutex_unlock(&s->mu);
     return;
   }
   float *g = s->scratch, *sm = s->scratch + s->L.maxf, *keepv = s->scratch + 2 * s->L.maxf;
