@@ -40,7 +40,7 @@
 enum { NP = 256, HOSTILE = 3, NL = 4 };
 /* Honest steps and late merges each run waits for (see scenario). */
 #define STEPS_LATE 400
-#define MERGES_LATE 10
+#define MERGES_LATE 20
 /* Loss bound of the global copy and the honest learners: the initial loss
  * is ~0.5; the honest-only run ends near 3e-13 (asserted below 1e-7). */
 #define LOSS_BOUND 1e-6
