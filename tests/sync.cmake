@@ -18,7 +18,7 @@ if(DISTRO_WITH_SYNC)
 endif()
 # Suites that use the shared harness (syncer on a thread, learners on threads).
 if(DISTRO_WITH_SYNC)
-  foreach(t test_sync_tokens test_sync_badinput test_sync_cluster test_sync_curve test_sync_dp test_sync_liveness
+  foreach(t test_sync_hostile test_sync_badinput test_sync_cluster test_sync_curve test_sync_dp test_sync_liveness
             test_sync_attack test_sync_files test_sync_fuzz)
     if(TARGET ${t})
       target_sources(${t} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support/sync_harness.c)
@@ -28,6 +28,12 @@ if(DISTRO_WITH_SYNC)
       set_tests_properties(${t} PROPERTIES TIMEOUT 240)
     endif()
   endforeach()
+endif()
+# test_sync_hostile's hostile learner uses the attacks of gpt-train-hostile.
+if(DISTRO_WITH_SYNC AND TARGET test_sync_hostile)
+  set(_dec ${PROJECT_SOURCE_DIR}/python-free-examples/decoupled)
+  target_sources(test_sync_hostile PRIVATE ${_dec}/attacks.c)
+  target_include_directories(test_sync_hostile PRIVATE ${_dec})
 endif()
 # The GPT trainer's decoupled mode runs against a distro-syncer process.
 if(DISTRO_WITH_SYNC AND TARGET test_gpt_train AND GPT_TESTS_ENABLED) # set by tests/gpt.cmake (included first)

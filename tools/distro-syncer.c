@@ -60,6 +60,9 @@ static void usage(FILE *f) {
           "          [--staleness S] [--codec f32|bf16|int8|int4|fp4] [--block B]\n"
           "          [--merge mean|tokens|radial|radial-tokens] [--outer-lr LR] [--outer-momentum MU]\n"
           "          [--no-nesterov]\n"
+          "hostile:  [--robust none|trimmed|median] [--robust-f F] [--out-of-bound clip|refuse]\n"
+          "          [--clip-multiple X (4)] [--report-max-rel X (100)] [--step-max-rel X (100)]\n"
+          "          [--weight-cap X (2)] [--quarantine-after N (3)] [--quarantine S (60)]\n"
           "liveness: [--heartbeat S] [--timeout S] [--round-timeout S (0: max(2 timeout, 3 median steps))]\n"
           "state:    [--checkpoint FILE] [--checkpoint-every N] [--no-resume]\n"
           "security: [--curve-keypair FILE] [--curve-allowed FILE] [--insecure]\n"
@@ -106,6 +109,23 @@ int main(int argc, char **argv) {
     else if (ARG("--endpoint-file")) endpoint_file = v;
     else if (ARG("--round-timeout")) o.round_timeout_s = atof(v);
     else if (ARG("--max-params")) o.max_params = strtoll(v, NULL, 10);
+    else if (ARG("--robust-f")) o.robust_f = atoi(v);
+    else if (ARG("--clip-multiple")) o.clip_multiple = atof(v);
+    else if (ARG("--report-max-rel")) o.report_max_rel = atof(v);
+    else if (ARG("--step-max-rel")) o.step_max_rel = atof(v);
+    else if (ARG("--weight-cap")) o.weight_cap = atof(v);
+    else if (ARG("--quarantine-after")) o.quarantine_after = atoi(v);
+    else if (ARG("--quarantine")) o.quarantine_s = atof(v);
+    else if (ARG("--robust")) {
+      if (!strcmp(v, "none")) o.robust = DISTRO_SYNC_ROBUST_NONE;
+      else if (!strcmp(v, "trimmed")) o.robust = DISTRO_SYNC_ROBUST_TRIMMED;
+      else if (!strcmp(v, "median")) o.robust = DISTRO_SYNC_ROBUST_MEDIAN;
+      else return usage(stderr), 2;
+    } else if (ARG("--out-of-bound")) {
+      if (!strcmp(v, "clip")) o.out_of_bound = DISTRO_SYNC_BOUND_CLIP;
+      else if (!strcmp(v, "refuse")) o.out_of_bound = DISTRO_SYNC_BOUND_REFUSE;
+      else return usage(stderr), 2;
+    }
     else if (ARG("--model-signature")) {
       char *end;
       o.signature = strtoull(v, &end, 16);
@@ -162,6 +182,19 @@ int main(int argc, char **argv) {
          "max %.5f s\n",
          (unsigned long long)s.merges, (unsigned long long)s.reports, (unsigned long long)s.rejected,
          (unsigned long long)s.abandoned, s.merge_s_mean, s.merge_s_max);
+  printf("[syncer] hostile-learner defences: clipped %llu, refused %llu, capped %llu, steps not applied %llu, "
+         "quarantines %llu\n",
+         (unsigned long long)s.clipped, (unsigned long long)s.refused, (unsigned long long)s.capped,
+         (unsigned long long)s.steps_skipped, (unsigned long long)s.quarantines);
+  for (int id = 0; id < 256; id++) {
+    distro_syncer_learner_stats ls;
+    if (distro_syncer_get_learner_stats(g_syncer, id, &ls) != DISTRO_OK || !ls.known) continue;
+    printf("[syncer] learner %d: reports %llu, merged %llu, clipped %llu, refused %llu, capped %llu, quarantines %llu, "
+           "tokens/step %.6g, weight share last %.4f max %.4f\n",
+           id, (unsigned long long)ls.reports, (unsigned long long)ls.merged, (unsigned long long)ls.clipped,
+           (unsigned long long)ls.refused, (unsigned long long)ls.capped, (unsigned long long)ls.quarantines,
+           ls.tokens_per_step, ls.weight_share, ls.weight_share_max);
+  }
   distro_syncer_free(g_syncer);
   return st == DISTRO_OK ? 0 : 1;
 }

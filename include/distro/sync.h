@@ -20,7 +20,11 @@
  *
  * Security (docs/protocol.md, "Threat model"): without CURVE keys anyone
  * who reaches an endpoint can act as a learner, so an endpoint reachable
- * from other machines needs CURVE keys or an explicit `insecure`.
+ * from other machines needs CURVE keys or an explicit `insecure`. A
+ * learner that holds a valid key and lies in its reports is bounded by the
+ * syncer (clipped reports, capped token weights, capped global steps,
+ * quarantine) and, with `robust`, outvoted per element (trimmed mean or
+ * median: f hostile reports of n >= 2f + 1).
  *
  * Built only when libzmq is found (DISTRO_WITH_SYNC is then defined). */
 #ifndef DISTRO_SYNC_H
@@ -47,7 +51,8 @@ typedef enum {
   DISTRO_SYNC_E_STALE = 6,     /* report based on a version more than max_staleness behind */
   DISTRO_SYNC_E_PAYLOAD = 7,   /* encoded values invalid or non-finite */
   DISTRO_SYNC_E_NOT_READY = 8, /* no global copy yet (another learner seeds it), or busy (rate limit): retry */
-  DISTRO_SYNC_E_ROUND = 9      /* report for a fragment or round that is not open */
+  DISTRO_SYNC_E_ROUND = 9,     /* report for a fragment or round that is not open */
+  DISTRO_SYNC_E_REFUSED = 10   /* report out of bounds (with out_of_bound REFUSE) or its learner quarantined */
 } distro_sync_error;
 
 /* Static name of an error code ("malformed", "crc", ...). */
@@ -60,9 +65,27 @@ typedef void (*distro_sync_log_fn)(void *ctx, const char *line);
 
 /* ---------------------------------------------------------------- syncer */
 
-/* Version 2 added the fields after log_ctx; version 1 structs are accepted
- * (those fields then take their defaults). */
-#define DISTRO_SYNCER_OPTIONS_VERSION 2
+/* Version 2 added the fields after log_ctx, version 3 the defences against
+ * hostile learners; older structs are accepted (the newer fields then take
+ * their defaults). */
+#define DISTRO_SYNCER_OPTIONS_VERSION 3
+
+/* The merge rule against hostile learners (docs/protocol.md, "Threat model"). */
+typedef enum {
+  DISTRO_SYNC_ROBUST_NONE,    /* `merge` (mean, tokens, radial, radial-tokens): one report can move it anywhere
+                                 within its bounds */
+  DISTRO_SYNC_ROBUST_TRIMMED, /* coordinate-wise trimmed mean: per element, the f largest and f smallest of the
+                                 n reports are dropped and the rest averaged (uniform weights: tokens buy no
+                                 influence). With at most f hostile reports among n >= 2f + 1, every element lies
+                                 within the range of the honest reports' values */
+  DISTRO_SYNC_ROBUST_MEDIAN   /* coordinate-wise median: the trimmed mean with f = floor((n - 1) / 2) */
+} distro_sync_robust;
+
+/* What happens to a report whose norm is out of bounds. */
+typedef enum {
+  DISTRO_SYNC_BOUND_CLIP,  /* scaled down to the bound and merged */
+  DISTRO_SYNC_BOUND_REFUSE /* left out of the merge (ERROR refused) */
+} distro_sync_bound;
 
 typedef struct distro_syncer_options {
   int version;              /* DISTRO_SYNCER_OPTIONS_VERSION */
@@ -102,6 +125,26 @@ typedef struct distro_syncer_options {
   int64_t max_params;       /* largest model accepted (parameters); bounds every message's size (0: 2^26) */
   double round_timeout_s;   /* > 0: a round closes at most this long after it opened; 0: auto,
                                max(2 timeout_s, 3 median step times) (0) */
+  /* Version 3: hostile learners (docs/protocol.md, "Threat model"). A report
+   * is out of bounds when its fragment norm exceeds clip_multiple times the
+   * median norm of the round's reports and the fragment's recent accepted
+   * ones, or report_max_rel times the fragment's global norm. */
+  distro_sync_robust robust; /* NONE */
+  int robust_f;             /* TRIMMED: hostile reports tolerated per merge, f >= 1 (0: (quorum - 1) / 2); the
+                               syncer refuses a quorum < 2f + 1 (the rule would degenerate) and merges only with
+                               at least 2f + 1 reports. MEDIAN: 0 (f then follows the reports merged) */
+  distro_sync_bound out_of_bound; /* CLIP */
+  double clip_multiple;     /* >= 1, 0: no bound by the median (4) */
+  double report_max_rel;    /* > 0, 0: no bound by the global norm (100) */
+  double step_max_rel;      /* a merged update whose norm exceeds this times the fragment's global norm is not
+                               applied: the last version stays, logged (100; 0: no cap) */
+  double weight_cap;        /* token merges: no report's weight above this multiple of the (lower) median
+                               weight (2; 0: no cap and no check of the claims). A learner's tokens per step
+                               are fixed by its first accepted report, its steps bounded by its heartbeat
+                               step counter */
+  int quarantine_after;     /* a learner whose reports were out of bounds this many times more than in bounds
+                               is quarantined: not asked, its reports refused (3; 0: never) */
+  double quarantine_s;      /* how long (60) */
 } distro_syncer_options;
 
 DISTRO_API distro_syncer_options distro_syncer_options_default(void);
@@ -130,7 +173,8 @@ typedef void (*distro_sync_merge_fn)(void *ctx, const distro_sync_merge_info *in
 
 typedef struct distro_syncer_stats {
   uint64_t merges;
-  uint64_t abandoned;       /* rounds closed at their deadline without a quorum (reports carried over) */
+  uint64_t abandoned;       /* rounds closed at their deadline without a quorum, or left with too few
+                               reports after refusals (reports carried over) */
   double no_merge_s;        /* seconds without a merge while learners are live (0 when idle) */
   uint64_t rejected;        /* messages answered with an ERROR */
   uint64_t reports;         /* reports accepted */
@@ -141,7 +185,26 @@ typedef struct distro_syncer_stats {
   int64_t numel;            /* parameters (0 before the first learner) */
   int fragments;
   double merge_s_max, merge_s_mean;
+  uint64_t clipped;         /* reports scaled down to their bound */
+  uint64_t refused;         /* reports left out: out of bounds (REFUSE), non-finite, or from a quarantined learner */
+  uint64_t capped;          /* token weights or claims cut down (weight_cap, tokens per step, steps) */
+  uint64_t steps_skipped;   /* merged updates not applied (step_max_rel) */
+  uint64_t quarantines;     /* learners quarantined */
 } distro_syncer_stats;
+
+/* What the syncer holds against one learner id (accountability). */
+typedef struct distro_syncer_learner_stats {
+  int known;                /* the id has said hello */
+  int alive;
+  uint64_t reports;         /* accepted */
+  uint64_t merged;          /* reports merged */
+  uint64_t clipped, refused, capped;
+  uint64_t quarantines;
+  double quarantined_s;     /* > 0: quarantined for this many more seconds */
+  double tokens_per_step;   /* fixed by its first accepted report (0: none yet) */
+  double weight_share;      /* its share in the last merge it took part in */
+  double weight_share_max;
+} distro_syncer_learner_stats;
 
 /* Checks the options (endpoint syntax and security, key files, that the
  * checkpoint's directory exists and is writable), binds the endpoint and,
@@ -162,6 +225,9 @@ DISTRO_API distro_status distro_syncer_versions(distro_syncer *s, uint64_t *vers
  * the version vector (P entries, may be NULL), consistently. */
 DISTRO_API distro_status distro_syncer_get_global(distro_syncer *s, float *out, int64_t numel, uint64_t *versions,
                                                   int P);
+/* Per-learner counters (thread-safe): refused, clipped, weight share. */
+DISTRO_API distro_status distro_syncer_get_learner_stats(distro_syncer *s, int learner_id,
+                                                         distro_syncer_learner_stats *st);
 /* Writes the checkpoint now. Thread-safe. */
 DISTRO_API distro_status distro_syncer_checkpoint(distro_syncer *s);
 DISTRO_API void distro_syncer_free(distro_syncer *s); /* accepts NULL */

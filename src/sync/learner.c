@@ -469,6 +469,8 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
       st = distro__fail(DISTRO_ERR_NOMEM, "out of memory");
       continue;
     }
+    uint64_t claim_tokens = (uint64_t)llround(l->tok[p]), claim_steps = (uint64_t)llround(l->stp[p]);
+    if (l->report_hook) l->report_hook(l->report_hook_ctx, p, th, l->base + o, n, &claim_tokens, &claim_steps);
     const distro__fragments *f = &l->L.frags;
     for (int qq = f->start[p]; qq < f->start[p + 1]; qq++)
       distro__outer_encode(l->L.codec, th + l->L.piece_elem[qq], f->pieces[qq].count, l->L.block,
@@ -477,8 +479,8 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
     q->m.fragment = (uint32_t)p;
     q->m.a = round;
     q->m.b = l->version[p];
-    q->m.c = (uint64_t)llround(l->tok[p]);
-    q->m.d = (uint64_t)llround(l->stp[p]);
+    q->m.c = claim_tokens;
+    q->m.d = claim_steps;
     q->m.e = l->step_ema;
     q->m.payload_bytes = (uint32_t)l->L.frag_bytes[p];
     q->payload = pl;
@@ -513,6 +515,12 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
     if (bs != DISTRO_OK) return bs;
   }
   return st;
+}
+
+void distro__learner_set_report_hook(distro_learner *l, distro__ln_report_hook fn, void *ctx) {
+  if (!l) return;
+  l->report_hook = fn;
+  l->report_hook_ctx = ctx;
 }
 
 distro_status distro_learner_get_stats(distro_learner *l, distro_learner_stats *st) {

@@ -531,7 +531,8 @@ static void on_syncer_msg(bg *b, distro__sy_frames *fr, double now) {
       l->errors++;
       l->last_error = (int)m.a;
       if (m.b == DISTRO__SY_REPORT && l->have_layout && m.fragment < (uint32_t)l->L.P &&
-          (m.a == DISTRO_SYNC_E_STALE || m.a == DISTRO_SYNC_E_ROUND || m.a == DISTRO_SYNC_E_PAYLOAD))
+          (m.a == DISTRO_SYNC_E_STALE || m.a == DISTRO_SYNC_E_ROUND || m.a == DISTRO_SYNC_E_PAYLOAD ||
+           m.a == DISTRO_SYNC_E_REFUSED))
         l->rej_round[m.fragment] = m.c;
       const int js = l->join_state;
       pthread_mutex_unlock(&l->mu);

@@ -26,6 +26,13 @@ typedef struct ln_tensor {
   unsigned flags;
 } ln_tensor;
 
+/* Tests and attack tools only (the library never sets one): rewrites a
+ * report before it is encoded. delta = base - theta of fragment p (n
+ * floats, fragment-major), base the global copy it was last set from;
+ * tokens and steps are what the report claims. */
+typedef void (*distro__ln_report_hook)(void *ctx, int p, float *delta, const float *base, int64_t n, uint64_t *tokens,
+                                       uint64_t *steps);
+
 typedef struct ln_pend {
   uint64_t round;
   double sec;
@@ -95,7 +102,13 @@ struct distro_learner {
   float *stage;             /* the applied fragments' values, packed */
   uint8_t *bc_tmp;          /* size x BCAST_SLOT bytes for the chunked broadcast */
   distro_learner_stats mirror; /* ranks > 0: rank 0's stats of the last step */
+
+  distro__ln_report_hook report_hook; /* NULL: reports are what the learner computed */
+  void *report_hook_ctx;
 };
+
+/* Installs a report hook (before distro_learner_start; NULL removes it). */
+void distro__learner_set_report_hook(distro_learner *l, distro__ln_report_hook fn, void *ctx);
 
 #define BCAST_SLOT ((size_t)1 << 20)
 

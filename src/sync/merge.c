@@ -1,6 +1,7 @@
 /* The syncer's merge source: the reports of one round, decoded into one
  * float array per report (see optim/outer_merge.h for the merge rules,
- * shared with the DiLoCo mode). */
+ * shared with the DiLoCo mode), and the robust rule against hostile
+ * reports (coordinate-wise trimmed mean). */
 #include <math.h>
 
 #include "optim/outer_merge.h"
@@ -37,4 +38,29 @@ void distro__sy_merge(const distro__sy_layout *L, int p, distro_merge mode, int 
   report_source rs = {L, p, delta, n};
   const distro__outer_source src = {&rs, report_accumulate, report_norm};
   distro__outer_merge(&L->frags, L->piece_elem, L->tflags, p, mode, n, w, &src, out, coef, nrm);
+}
+
+/* Per element: the n values sorted, the f lowest and f highest dropped,
+ * the rest averaged in float64 in sorted order (so the result does not
+ * depend on the reports' order or the thread count). */
+void distro__sy_trimmed_mean(const distro__sy_layout *L, int p, int n, int f, const float *const *delta, float *out) {
+  const int64_t numel = L->frags.numel[p];
+  const int keep = n - 2 * f;
+#pragma omp parallel for schedule(static) if (numel > 65536)
+  for (int64_t j = 0; j < numel; j++) {
+    float v[256];
+    for (int r = 0; r < n; r++) {
+      /* Insertion sort: n is a handful of learners. */
+      const float x = delta[r][j];
+      int k = r;
+      while (k > 0 && v[k - 1] > x) {
+        v[k] = v[k - 1];
+        k--;
+      }
+      v[k] = x;
+    }
+    double sum = 0;
+    for (int r = f; r < n - f; r++) sum += v[r];
+    out[j] = (float)(sum / keep);
+  }
 }

@@ -29,6 +29,7 @@ const char *distro_sync_error_name(int code) {
     case DISTRO_SYNC_E_PAYLOAD: return "payload";
     case DISTRO_SYNC_E_NOT_READY: return "not-ready";
     case DISTRO_SYNC_E_ROUND: return "round";
+    case DISTRO_SYNC_E_REFUSED: return "refused";
   }
   return "unknown-error";
 }

@@ -74,7 +74,8 @@ static void open_round(distro_syncer *s, int p, double now) {
   int asked = 0;
   memset(F->asked, 0, sizeof F->asked);
   for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
-    if (s->learners[i] && s->learners[i]->alive && s->learners[i]->ready) F->asked[i] = 1, asked++;
+    if (s->learners[i] && s->learners[i]->alive && s->learners[i]->ready && !distro__syncer_quarantined(s, i, now))
+      F->asked[i] = 1, asked++;
   if (!asked) return;
   F->round++;
   F->open = 1;
@@ -135,6 +136,8 @@ static void merge(distro_syncer *s, int p, double now) {
   }
   uint64_t bytes_in = 0, tokens = 0;
   uint32_t mask = 0;
+  int ids[256], keep[256];
+  double nrm[256];
   for (int i = 0; i < nr; i++) {
     const sy_report *rp = &F->rep[i];
     float *d = s->deltas[i];
@@ -148,20 +151,98 @@ static void merge(distro_syncer *s, int p, double now) {
         for (int64_t j = 0; j < n; j++) d[j] += F->global[j] - old[j];
     }
     tok[i] = rp->tokens;
-    tokens += (uint64_t)rp->tokens;
     stp[i] = rp->steps;
+    ids[i] = rp->learner;
+  }
+  /* Bounds, token claims and weights (bounds.c); refused reports leave the
+   * merge (they stay in F->rep only to be freed). */
+  const int nk = distro__syncer_screen(s, p, nr, ids, s->deltas, tok, stp, w, keep, nrm, now);
+  for (int i = 0; i < nr; i++) {
+    sy_learner *l = s->learners[ids[i]];
+    if (keep[i] || !l || !l->alive) continue;
+    /* Refused: the learner counts the work as lost. */
+    static const char why[] = "report out of bounds: refused (see the syncer's log)";
+    distro__sy_msg m = {0};
+    m.type = DISTRO__SY_ERROR;
+    m.learner = (uint32_t)ids[i];
+    m.fragment = (uint32_t)p;
+    m.a = DISTRO_SYNC_E_REFUSED;
+    m.b = DISTRO__SY_REPORT;
+    m.c = F->rep[i].round;
+    m.payload_bytes = (uint32_t)(sizeof why - 1);
+    distro__syncer_send_to(s, l, &m, why);
+  }
+  float *kd[256];
+  double kw[256];
+  int k = 0;
+  for (int i = 0; i < nr; i++) {
+    if (!keep[i]) continue;
+    const sy_report *rp = &F->rep[i];
+    kd[k] = s->deltas[i];
+    kw[k++] = w[i];
+    tokens += (uint64_t)tok[i];
     bytes_in += s->L.frag_bytes[p] + DISTRO__SY_HEADER;
     if (rp->learner < 32) mask |= 1u << rp->learner;
   }
-  distro__outer_weights(s->opt.merge, nr, tok, stp, w);
-  float *g = s->scratch, *sm = s->scratch + s->L.maxf, *keep = s->scratch + 2 * s->L.maxf;
+  const int f_rob = distro__syncer_robust_f(s, nk);
+  if (nk == 0 || (s->opt.robust != DISTRO_SYNC_ROBUST_NONE && nk < 2 * f_rob + 1)) {
+    /* Too few reports left after the refusals: the round ends as an
+     * abandoned one, the kept reports wait for p's next round. */
+    distro__syncer_log(s, "fragment %d: round %llu not merged: %d report(s) kept, the %s needs %d; kept for the next "
+                       "round", p, (unsigned long long)F->round, nk,
+                       s->opt.robust == DISTRO_SYNC_ROBUST_NONE ? "merge" : "robust rule", 2 * f_rob + 1);
+    int kept = 0;
+    for (int i = 0; i < nr; i++)
+      if (keep[i]) {
+        F->rep[i].late = 1;
+        F->rep[kept++] = F->rep[i];
+      } else {
+        free(F->rep[i].enc);
+      }
+    F->nrep = kept;
+    F->open = 0;
+    pthread_mutex_lock(&s->mu);
+    s->abandoned++;
+    pthread_mutex_unlock(&s->mu);
+    return;
+  }
+  float *g = s->scratch, *sm = s->scratch + s->L.maxf, *keepv = s->scratch + 2 * s->L.maxf;
   float coef[2 * 256];
-  double nrm[256];
-  distro__sy_merge(&s->L, p, s->opt.merge, nr, (const float *const *)s->deltas, w, g, coef, nrm);
-  memcpy(keep, F->global, sizeof(float) * (size_t)n);
+  double cn[256];
+  if (s->opt.robust != DISTRO_SYNC_ROBUST_NONE)
+    distro__sy_trimmed_mean(&s->L, p, nk, f_rob, (const float *const *)kd, g);
+  else
+    distro__sy_merge(&s->L, p, s->opt.merge, nk, (const float *const *)kd, kw, g, coef, cn);
+  memcpy(keepv, F->global, sizeof(float) * (size_t)n);
   /* New global into g (in place), new momentum into sm; committed below. */
-  const int ok = distro__outer_step(F->global, F->mom, g, n, s->opt.outer_lr, s->opt.outer_momentum, s->opt.nesterov,
-                                    g, sm);
+  int ok = distro__outer_step(F->global, F->mom, g, n, s->opt.outer_lr, s->opt.outer_momentum, s->opt.nesterov,
+                              g, sm);
+  if (ok && s->opt.step_max_rel > 0) {
+    /* A global step that cannot explode: the update against the fragment's size. */
+    double dd = 0, gg = 0;
+    for (int64_t j = 0; j < n; j++) {
+      const double dj = (double)g[j] - (double)keepv[j];
+      dd += dj * dj;
+      gg += (double)keepv[j] * keepv[j];
+    }
+    if (gg > 0 && sqrt(dd) > s->opt.step_max_rel * sqrt(gg)) {
+      char who[160];
+      size_t o = 0;
+      who[0] = 0;
+      for (int i = 0; i < nr && o + 8 < sizeof who; i++)
+        if (keep[i]) o += (size_t)snprintf(who + o, sizeof who - o, "%s%d", o ? "," : "", ids[i]);
+      distro__syncer_log(s,
+                         "fragment %d: merged update not applied: |step| %.4g > %g x |Theta| %.4g (reports of "
+                         "learners %s); version %llu kept",
+                         p, sqrt(dd), s->opt.step_max_rel, sqrt(gg), who, (unsigned long long)F->version);
+      pthread_mutex_lock(&s->mu);
+      s->steps_skipped++;
+      pthread_mutex_unlock(&s->mu);
+      drop_reports(F);
+      F->open = 0;
+      return;
+    }
+  }
   pthread_mutex_lock(&s->mu);
   if (ok) {
     memcpy(F->mom, sm, sizeof(float) * (size_t)n);
@@ -176,12 +257,13 @@ static void merge(distro_syncer *s, int p, double now) {
     F->open = 0;
     return;
   }
+  distro__syncer_remember_norms(s, p, nr, nrm, keep);
   s->t_progress = now;
   if (s->opt.max_staleness > 0) {
     sy_hist *h = &F->hist[(F->version - 1) % (uint64_t)s->opt.max_staleness];
     if (!h->data) h->data = malloc(sizeof(float) * (size_t)s->L.maxf);
     if (h->data) {
-      memcpy(h->data, keep, sizeof(float) * (size_t)n);
+      memcpy(h->data, keepv, sizeof(float) * (size_t)n);
       h->version = F->version - 1;
       h->valid = 1;
     }
@@ -201,10 +283,10 @@ static void merge(distro_syncer *s, int p, double now) {
     if (!l || !l->alive) continue;
     live++;
     uint64_t cnt = 0, newest = 0;
-    for (int k = 0; k < nr; k++)
-      if (F->rep[k].learner == i) {
+    for (int r = 0; r < nr; r++)
+      if (F->rep[r].learner == i && keep[r]) {
         cnt++;
-        if (F->rep[k].round + 1 > newest) newest = F->rep[k].round + 1;
+        if (F->rep[r].round + 1 > newest) newest = F->rep[r].round + 1;
       }
     l->merged += cnt;
     m.learner = (uint32_t)i;
@@ -224,7 +306,7 @@ static void merge(distro_syncer *s, int p, double now) {
     if (F->asked[i] && s->learners[i] && s->learners[i]->alive) asked_live++;
   info.quorum = s->opt.quorum < asked_live ? s->opt.quorum : asked_live > 0 ? asked_live : 1;
   info.live = live;
-  info.participants = nr;
+  info.participants = nk;
   info.participant_mask = mask;
   info.time_to_quorum_s = F->t_quorum >= 0 ? F->t_quorum - F->t_open : 0;
   info.grace_s = F->grace;
@@ -233,15 +315,16 @@ static void merge(distro_syncer *s, int p, double now) {
   info.bytes_in = bytes_in;
   info.bytes_out = bytes_out;
   info.tokens = tokens;
-  char ids[160];
+  char idl[160];
   size_t o = 0;
-  ids[0] = 0;
-  for (int k = 0; k < nr && o + 8 < sizeof ids; k++)
-    o += (size_t)snprintf(ids + o, sizeof ids - o, "%s%d%s", k ? "," : "", F->rep[k].learner, F->rep[k].late ? "*" : "");
+  idl[0] = 0;
+  for (int r = 0; r < nr && o + 8 < sizeof idl; r++)
+    if (keep[r])
+      o += (size_t)snprintf(idl + o, sizeof idl - o, "%s%d%s", o ? "," : "", F->rep[r].learner, F->rep[r].late ? "*" : "");
   distro__syncer_log(s,
                      "merge frag=%d version=%llu round=%llu quorum=%d live=%d participants=%d ids=%s "
                      "to_quorum=%.4f grace=%.4f waited=%.4f merge=%.5f bytes_in=%llu bytes_out=%llu tokens=%llu",
-                     p, (unsigned long long)F->version, (unsigned long long)F->round, info.quorum, live, nr, ids,
+                     p, (unsigned long long)F->version, (unsigned long long)F->round, info.quorum, live, nk, idl,
                      info.time_to_quorum_s, info.grace_s, info.waited_s, info.merge_s,
                      (unsigned long long)bytes_in, (unsigned long long)bytes_out, (unsigned long long)tokens);
   if (s->merge_fn) s->merge_fn(s->merge_ctx, &info);
@@ -304,7 +387,11 @@ static void rounds(distro_syncer *s, double now) {
         const int id = F->rep[k].learner;
         if (F->asked[id] && s->learners[id] && s->learners[id]->alive) asked_reported++;
       }
-    const int K = s->opt.quorum < asked_live ? s->opt.quorum : asked_live > 0 ? asked_live : 1;
+    int K = s->opt.quorum < asked_live ? s->opt.quorum : asked_live > 0 ? asked_live : 1;
+    /* The trimmed mean needs 2f + 1 reports whoever is alive: with fewer,
+     * the round waits (and at its deadline keeps its reports). */
+    if (s->opt.robust == DISTRO_SYNC_ROBUST_TRIMMED && K < 2 * distro__syncer_robust_f(s, reported) + 1)
+      K = 2 * distro__syncer_robust_f(s, reported) + 1;
     if (reported < K) {
       if (now >= F->deadline) abandon(s, p, now, reported, K);
       continue;

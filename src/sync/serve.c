@@ -181,6 +181,7 @@ static sy_learner *enroll(distro_syncer *s, route r, uint32_t id, const distro__
   const int moved = l->alive && (l->rid_n != r.rid_n || memcmp(l->rid, r.rid, r.rid_n) != 0);
   if (moved) distro__syncer_log(s, "learner %u says hello from a new connection (replaces the old one)", (unsigned)id);
   if (!l->alive) l->last_fetch = 0;
+  if (!l->alive || moved) l->hb_steps = 0; /* a new process counts its steps from 0 */
   memcpy(l->rid, r.rid, r.rid_n);
   l->rid_n = r.rid_n;
   l->alive = 1;
@@ -480,10 +481,27 @@ static void on_report(distro_syncer *s, route r, sy_learner *l, const distro__sy
     reject(s, r, m->learner, DISTRO_SYNC_E_MALFORMED, m->type, p, m->a, "token or step counter out of range");
     return;
   }
+  const double now = distro__sy_now();
+  if (distro__syncer_quarantined(s, (int)m->learner, now)) {
+    pthread_mutex_lock(&s->mu);
+    l->refused++;
+    s->refused++;
+    pthread_mutex_unlock(&s->mu);
+    reject(s, r, m->learner, DISTRO_SYNC_E_REFUSED, m->type, p, m->a, "learner %u is quarantined for %.0f more s",
+           (unsigned)m->learner, l->quarantined_until - now);
+    return;
+  }
   const distro__fragments *f = &s->L.frags;
   for (int q = f->start[p]; q < f->start[p + 1]; q++) {
     if (distro__outer_check(s->L.codec, pl + s->L.piece_byte[q], f->pieces[q].count, s->L.block) != DISTRO_OK) {
-      reject(s, r, m->learner, DISTRO_SYNC_E_PAYLOAD, m->type, p, m->a, "%s", distro_last_error());
+      char why[300];
+      snprintf(why, sizeof why, "%s", distro_last_error());
+      pthread_mutex_lock(&s->mu);
+      l->refused++;
+      s->refused++;
+      pthread_mutex_unlock(&s->mu);
+      reject(s, r, m->learner, DISTRO_SYNC_E_PAYLOAD, m->type, p, m->a, "%s", why);
+      distro__syncer_strike(s, (int)m->learner, 1, now, why);
       return;
     }
   }
@@ -626,6 +644,7 @@ void distro__syncer_handle(distro_syncer *s, distro__sy_frames *fr, double now) 
         break;
       }
       if (m.e > 0) l->step_s = m.e;
+      if (m.a > l->hb_steps) l->hb_steps = m.a;
       if ((m.b & DISTRO__SY_HB_READY) && !l->ready) {
         l->ready = 1;
         distro__syncer_log(s, "learner %u is ready (serves its state at %s)", (unsigned)m.learner, l->endpoint);

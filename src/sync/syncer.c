@@ -40,6 +40,14 @@ distro_syncer_options distro_syncer_options_default(void) {
   o.checkpoint_every = 10;
   o.resume = 1;
   o.max_params = (int64_t)1 << 26;
+  o.robust = DISTRO_SYNC_ROBUST_NONE;
+  o.out_of_bound = DISTRO_SYNC_BOUND_CLIP;
+  o.clip_multiple = 4;
+  o.report_max_rel = 100;
+  o.step_max_rel = 100;
+  o.weight_cap = 2;
+  o.quarantine_after = 3;
+  o.quarantine_s = 60;
   return o;
 }
 
@@ -54,6 +62,7 @@ void distro__syncer_log(distro_syncer *s, const char *fmt, ...) {
 }
 
 static distro_status check_options(const distro_syncer_options *o) {
+  distro_status st = DISTRO_OK;
   if (!o->endpoint) return distro__fail(DISTRO_ERR_INVALID, "syncer options: endpoint is NULL");
   if (o->fragments < 1 || o->fragments > DISTRO__SY_MAX_FRAGMENTS)
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: fragments %d not in [1, %d]", o->fragments,
@@ -81,6 +90,7 @@ static distro_status check_options(const distro_syncer_options *o) {
   if (o->max_params < 1 || o->max_params > DISTRO__SY_MAX_NUMEL)
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: max_params %lld not in [1, %lld]",
                         (long long)o->max_params, (long long)DISTRO__SY_MAX_NUMEL);
+  DISTRO_CHECK(distro__syncer_check_bounds(o));
   if (o->checkpoint && o->checkpoint_every < 1)
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: checkpoint_every %d < 1", o->checkpoint_every);
   if (o->curve_allowed && !o->curve_keypair)
@@ -97,7 +107,8 @@ static distro_status check_options(const distro_syncer_options *o) {
   /* Fail now, not at the first checkpoint an hour later. */
   if (o->checkpoint && distro__afile_check(o->checkpoint) != DISTRO_OK)
     return distro__fail(DISTRO_ERR_IO, "syncer options: checkpoint: %s", distro_last_error());
-  return DISTRO_OK;
+fail:
+  return st;
 }
 
 void distro__syncer_free_state(distro_syncer *s) {
@@ -163,12 +174,14 @@ distro_status distro_syncer_create(const distro_syncer_options *o, distro_syncer
   char sec[41] = "";
   if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_syncer_create: out is NULL");
   *out = NULL;
-  if (!o || (o->version != DISTRO_SYNCER_OPTIONS_VERSION && o->version != 1))
-    return distro__fail(DISTRO_ERR_INVALID, "syncer options: NULL or version %d (want 1 or %d)", o ? o->version : -1,
+  if (!o || o->version < 1 || o->version > DISTRO_SYNCER_OPTIONS_VERSION)
+    return distro__fail(DISTRO_ERR_INVALID, "syncer options: NULL or version %d (want 1 to %d)", o ? o->version : -1,
                         DISTRO_SYNCER_OPTIONS_VERSION);
   distro_syncer_options oo = distro_syncer_options_default();
-  /* Version 1 ends before `insecure`. */
-  memcpy(&oo, o, o->version == 1 ? offsetof(distro_syncer_options, insecure) : sizeof oo);
+  /* Version 1 ends before `insecure`, version 2 before `robust`. */
+  memcpy(&oo, o, o->version == 1   ? offsetof(distro_syncer_options, insecure)
+                 : o->version == 2 ? offsetof(distro_syncer_options, robust)
+                                   : sizeof oo);
   if (oo.max_params == 0) oo.max_params = distro_syncer_options_default().max_params;
   o = &oo;
   DISTRO_CHECK(check_options(o));
@@ -229,6 +242,11 @@ distro_status distro_syncer_create(const distro_syncer_options *o, distro_syncer
                             "learner, download the model and send reports",
                          s->endpoint);
   }
+  {
+    char b[600];
+    distro__syncer_describe_bounds(o, b, sizeof b);
+    distro__syncer_log(s, "hostile learners: %s", b);
+  }
   memset(sec, 0, sizeof sec);
   *out = s;
   return DISTRO_OK;
@@ -284,6 +302,11 @@ distro_status distro_syncer_get_stats(distro_syncer *s, distro_syncer_stats *st)
   st->fragments = s->initialized ? s->L.P : s->opt.fragments;
   st->merge_s_max = s->merge_s_max;
   st->merge_s_mean = s->merges_here ? s->merge_s_sum / (double)s->merges_here : 0;
+  st->clipped = s->clipped;
+  st->refused = s->refused;
+  st->capped = s->capped;
+  st->steps_skipped = s->steps_skipped;
+  st->quarantines = s->quarantines;
   pthread_mutex_unlock(&s->mu);
   return DISTRO_OK;
 }

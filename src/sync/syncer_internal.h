@@ -11,6 +11,7 @@
 #include "sync/sync_internal.h"
 
 #define DISTRO__SY_MAX_LEARNERS 256
+#define DISTRO__SY_NORM_HIST 16
 
 typedef struct sy_learner {
   int alive;
@@ -24,6 +25,13 @@ typedef struct sy_learner {
   char endpoint[256];      /* where it serves its state */
   char pubkey[41];         /* its CURVE public key (Z85), "" without CURVE; the connection's own key */
   uint64_t reports, merged;
+  /* Accountability (bounds.c). */
+  uint64_t clipped, refused, capped, quarantines;
+  int strikes;             /* out-of-bound reports minus in-bound ones (>= 0) */
+  double quarantined_until; /* its reports are refused and it is not asked until then */
+  double tokens_per_step;  /* fixed by its first accepted report (0: none yet) */
+  uint64_t hb_steps;       /* its heartbeat step counter (this connection) */
+  double share, share_max; /* weight share in its last merge, and the largest */
 } sy_learner;
 
 typedef struct sy_report {
@@ -60,6 +68,8 @@ typedef struct sy_fragment {
   uint8_t asked[DISTRO__SY_MAX_LEARNERS];
   sy_report *rep;          /* this round's reports and late ones of earlier rounds */
   int nrep, cap;
+  double norm_hist[DISTRO__SY_NORM_HIST]; /* norms of recently merged reports (after clipping) */
+  int norm_n, norm_next;
 } sy_fragment;
 
 struct distro_syncer {
@@ -103,6 +113,7 @@ struct distro_syncer {
 
   /* Counters. */
   uint64_t merges, merges_here, rejected, reports, checkpoints, abandoned;
+  uint64_t clipped, refused, capped, steps_skipped, quarantines;
   int live_now;
   double merge_s_max, merge_s_sum;
 };
@@ -125,6 +136,32 @@ void distro__syncer_handle(distro_syncer *s, distro__sy_frames *fr, double now);
 void distro__syncer_send_to(distro_syncer *s, const sy_learner *l, distro__sy_msg *m, const void *payload);
 int distro__syncer_count_live(distro_syncer *s, int ready_only);
 const float *distro__syncer_history(const distro_syncer *s, const sy_fragment *F, uint64_t v);
+
+/* bounds.c: the defences against hostile learners. */
+/* Checks the version 3 options (the robust rule must not degenerate). */
+distro_status distro__syncer_check_bounds(const distro_syncer_options *o);
+/* "trimmed mean, tolerates f = 1 of quorum 3" (for the start line). */
+void distro__syncer_describe_bounds(const distro_syncer_options *o, char *out, size_t n);
+/* Hostile reports the robust rule drops from each side for n reports (0: none). */
+int distro__syncer_robust_f(const distro_syncer *s, int n);
+/* 1 while learner id is quarantined. */
+int distro__syncer_quarantined(const distro_syncer *s, int id, double now);
+/* One report of learner id was out of bounds (out = 1: clipped, refused,
+ * capped hard) or within them (out = 0); quarantines after too many. */
+void distro__syncer_strike(distro_syncer *s, int id, int out, double now, const char *why);
+/* Before a merge of fragment p: bounds the n decoded reports (deltas) of
+ * learners ids[] with claims tok/stp: clips them in place, or marks
+ * keep[i] = 0 (refused); caps the token claims, and writes the weights w
+ * (sum 1 over the kept ones, 0 for the others) and each report's norm
+ * after clipping. Logs each event with the learner id. Returns the
+ * reports kept. */
+int distro__syncer_screen(distro_syncer *s, int p, int n, const int *ids, float *const *deltas, double *tok,
+                          double *stp, double *w, int *keep, double *norm, double now);
+/* After a merge: remembers the kept reports' norms for later bounds. */
+void distro__syncer_remember_norms(distro_syncer *s, int p, int n, const double *norm, const int *keep);
+/* The robust merge: coordinate-wise trimmed mean of n reports dropping f
+ * from each side (n >= 2f + 1), into out. */
+void distro__sy_trimmed_mean(const distro__sy_layout *L, int p, int n, int f, const float *const *delta, float *out);
 
 /* rounds.c */
 /* The longest a round stays open (docs/protocol.md, "Liveness"). */
