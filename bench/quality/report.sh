@@ -3,7 +3,8 @@
 #   bench/quality/report.sh ROWS.tsv... -- CURVES.tsv...
 # (bench/quality/run.sh --report calls it with every set in data/.)
 # Table 1: each optimizer at AdamW's lr (lr scale 1): mean +- sd, median and
-# worst seed of the final validation loss, the mean's gap to AdamW, the worst
+# worst seed of the final validation loss, the gap of its mean to AdamW's
+# over the seeds both ran, the worst
 # seed's gap to AdamW on the same seed, bytes per step. Table 2: the lr
 # sensitivity (every lr scale with an AdamW row). Figure: docs/quality.png,
 # mean validation curves at AdamW's lr. Rows of the same run in several
@@ -45,13 +46,13 @@ END {
       if (pass == 2 && opt == "adamw") continue
       a = size SUBSEP "adamw" SUBSEP sc SUBSEP wd
       if (pass == 2 && !(a in gn)) continue
-      n = 0; s = 0; q = 0; b = 0; delete v; worst_gap = -1e9; an = 0; as = 0; aq = 0; both = 0; bs = 0; ab = 0
+      n = 0; s = 0; q = 0; b = 0; sp = 0; delete v; worst_gap = -1e9; an = 0; as = 0; aq = 0; both = 0; bs = 0; ab = 0
       for (j = 1; j <= gn[groups[i]]; j++) {
         sd_ = gseed[groups[i], j]; k = groups[i] SUBSEP sd_; x = fin[k]
         if (pass == 2) { ak = a SUBSEP sd_; if (!(ak in fin)) continue }
         n++; s += x; q += x * x; b += bytes[k]; v[n] = x; tp = steps[k] * 2048 / params[k]
         ak = a SUBSEP sd_
-        if (ak in fin) { g = 100 * (x / fin[ak] - 1); if (g > worst_gap) worst_gap = g; both++; bs += fin[ak]; aq += fin[ak] * fin[ak] }
+        if (ak in fin) { g = 100 * (x / fin[ak] - 1); if (g > worst_gap) worst_gap = g; both++; bs += fin[ak]; aq += fin[ak] * fin[ak]; sp += x }
       }
       if (!n) continue
       m = s / n; sd = n > 1 ? sqrt((q - n * m * m) / (n - 1)) : 0; sortnum(v, n)
@@ -59,7 +60,8 @@ END {
       am = 0; ab = 0; na = 0
       for (j = 1; j <= gn[a]; j++) { ak = a SUBSEP gseed[a, j]; am += fin[ak]; ab += bytes[ak]; na++ }
       am = na ? am / na : 0; ab = na ? ab / na : 0
-      gap = (opt == "adamw" || !am) ? "" : sprintf("%+.2f%%", 100 * (m / am - 1))
+      # the gap of the means over the seeds both ran
+      gap = (opt == "adamw" || !both) ? "" : sprintf("%+.2f%%", 100 * (sp / bs - 1))
       wg = (opt == "adamw" || !both) ? "" : sprintf("%+.2f%%", worst_gap)
       if (pass == 1) {
         printf "%-6s %-5s %-20s %8s %5d %6.1f %10.4f +- %.4f %8.4f %8.4f %9s %11s %10.0f %8.0fx\n", size, wd, opt,
