@@ -31,6 +31,9 @@ struct distro_comm {
   int broken;       /* a collective timed out: every later one fails at once */
   int poll;         /* MPI: wait by polling with short sleeps, never spinning in
                        MPI_Wait (a helper thread beside the caller's compute) */
+  int gatherv_pads; /* allgatherv moves `slot` bytes per rank whatever `bytes`
+                       is, after an all-gather of the 8-byte sizes (NCCL): the
+                       step statistics count what crosses */
 };
 
 /* c->ops->dup with the checks every caller needs; the new comm inherits
