@@ -25,6 +25,31 @@ static double basis64(int64_t n, int64_t i, int64_t k) {
   return ck * cos(M_PI * (2.0 * (double)i + 1.0) * (double)k / (2.0 * (double)n));
 }
 
+/* A float64 DCT of the h x w array in (row stride ld) as two passes over
+ * float64 bases: out[b][d] = sum_i Bh[i][b] sum_j in[i][j] Bw[j][d]
+ * (inverse: out[i][j] = sum_b Bh[i][b] sum_d in[b][d] Bw[j][d]). */
+static void ref_dct(const float *in, int ld, int h, int w, int inverse, double *out) {
+  double *bh = malloc(sizeof(double) * (size_t)(h * h)), *bw = malloc(sizeof(double) * (size_t)(w * w));
+  double *mid = calloc((size_t)(h * w), sizeof(double));
+  for (int i = 0; i < h; i++)
+    for (int b = 0; b < h; b++) bh[i * h + b] = basis64(h, i, b);
+  for (int j = 0; j < w; j++)
+    for (int d = 0; d < w; d++) bw[j * w + d] = basis64(w, j, d);
+  for (int r = 0; r < h; r++) /* along the width */
+    for (int q = 0; q < w; q++) {
+      double acc = 0;
+      for (int t = 0; t < w; t++) acc += (double)in[r * ld + t] * (inverse ? bw[q * w + t] : bw[t * w + q]);
+      mid[r * w + q] = acc;
+    }
+  for (int r = 0; r < h; r++) /* along the height */
+    for (int q = 0; q < w; q++) {
+      double acc = 0;
+      for (int t = 0; t < h; t++) acc += mid[t * w + q] * (inverse ? bh[r * h + t] : bh[t * h + r]);
+      out[r * w + q] = acc;
+    }
+  free(bh), free(bw), free(mid);
+}
+
 static int same_bits(const float *a, const float *b, int64_t n, int64_t *at) {
   for (int64_t i = 0; i < n; i++)
     if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
@@ -77,6 +102,7 @@ Test(cuda_host, tile_dct_matches_cpu_and_float64) {
     float *work = malloc(sizeof(float) * (size_t)distro__hd_tile_work(h, w));
     float *xc = malloc(sizeof(float) * (size_t)(h * ldx)), *xg = malloc(sizeof(float) * (size_t)(h * ldx));
     float *in = malloc(sizeof(float) * (size_t)e);
+    double *ref = malloc(sizeof(double) * (size_t)e);
     uint32_t *pos = malloc(sizeof(uint32_t) * (size_t)e), *bucket = malloc(sizeof(uint32_t) * (size_t)e);
     uint32_t *rowstart = malloc(sizeof(uint32_t) * (size_t)(h + 1));
     for (int rep = 0; rep < 3; rep++) {
@@ -92,14 +118,10 @@ Test(cuda_host, tile_dct_matches_cpu_and_float64) {
       for (int i = 0; i < h; i++)
         for (int j = 0; j < w; j++) scale += (double)x[i * ldx + j] * x[i * ldx + j];
       scale = sqrt(scale);
-      for (int b = 0; b < h; b++)
-        for (int d = 0; d < w; d++) {
-          double ref = 0;
-          for (int i = 0; i < h; i++)
-            for (int j = 0; j < w; j++) ref += (double)x[i * ldx + j] * basis64(h, i, b) * basis64(w, j, d);
-          cr_assert(fabs(gpu[b * w + d] - ref) <= 1e-5 * scale + 1e-30, "forward %dx%d (%d,%d): %g vs float64 %g", h,
-                    w, b, d, (double)gpu[b * w + d], ref);
-        }
+      ref_dct(x, ldx, h, w, 0, ref);
+      for (int q = 0; q < e; q++)
+        cr_assert(fabs(gpu[q] - ref[q]) <= 1e-5 * scale + 1e-30, "forward %dx%d (%d,%d): %g vs float64 %g", h, w,
+                  q / w, q % w, (double)gpu[q], ref[q]);
       /* dense inverse of the coefficients */
       distro__dct_tile_inverse(&tp.p, gpu, xc, ldx, cwork);
       distro__hd_tile_inverse(&tp.D, gpu, xg, ldx, work, 0, 1);
@@ -129,19 +151,19 @@ Test(cuda_host, tile_dct_matches_cpu_and_float64) {
         double norm = 0;
         for (int q = 0; q < e; q++) norm += (double)in[q] * in[q];
         norm = sqrt(norm);
+        ref_dct(in, w, h, w, 1, ref);
         for (int i = 0; i < h; i++)
           for (int j = 0; j < w; j++) {
             cr_assert(memcmp(&xc[i * ldx + j], &xg[i * ldx + j], sizeof(float)) == 0,
                       "sparse inverse %dx%d npos %d (%d,%d): %a vs %a", h, w, npos, i, j, (double)xc[i * ldx + j],
                       (double)xg[i * ldx + j]);
-            double ref = 0;
-            for (int b = 0; b < h; b++)
-              for (int d = 0; d < w; d++) ref += (double)in[b * w + d] * basis64(h, i, b) * basis64(w, j, d);
-            cr_assert(fabs(xg[i * ldx + j] - ref) <= 1e-5 * norm + 1e-30, "sparse inverse %dx%d vs float64", h, w);
+            cr_assert(fabs(xg[i * ldx + j] - ref[i * w + j]) <= 1e-5 * norm + 1e-30,
+                      "sparse inverse %dx%d (%d,%d): %g vs float64 %g", h, w, i, j, (double)xg[i * ldx + j],
+                      ref[i * w + j]);
           }
       }
     }
-    free(x), free(cpu), free(gpu), free(cwork), free(work), free(xc), free(xg), free(in), free(pos), free(bucket);
+    free(x), free(cpu), free(gpu), free(cwork), free(work), free(xc), free(xg), free(in), free(ref), free(pos), free(bucket);
     free(rowstart);
     distro__dct_plan_destroy(&tp.p);
   }
@@ -367,12 +389,18 @@ static void *run_rank(void *arg) {
 #undef FAIL
 }
 
+/* Runs fn(&jobs[r]) for every rank on its own thread and waits for all. */
+static void run_ranks(void *(*fn)(void *), void *jobs, size_t job_size) {
+  pthread_t th[WORLD];
+  for (int r = 0; r < WORLD; r++) cr_assert_eq(pthread_create(&th[r], NULL, fn, (char *)jobs + (size_t)r * job_size), 0);
+  for (int r = 0; r < WORLD; r++) pthread_join(th[r], NULL);
+}
+
 static void run_config(distro_update update, distro_values values, int wire, int chunk) {
   distro_comm *cc[WORLD], *ec[WORLD];
   cr_assert_eq(distro_comm_local_group(WORLD, cc), DISTRO_OK);
   cr_assert_eq(distro_comm_local_group(WORLD, ec), DISTRO_OK);
   rank_job jobs[WORLD];
-  pthread_t th[WORLD];
   for (int r = 0; r < WORLD; r++) {
     memset(&jobs[r], 0, sizeof jobs[r]);
     jobs[r].cpu_comm = cc[r];
@@ -386,9 +414,8 @@ static void run_config(distro_update update, distro_values values, int wire, int
     jobs[r].opt.topk = chunk == 64 ? 48 : 7;
     jobs[r].opt.weight_decay = 0.1f;
     jobs[r].opt.threads = 1;
-    cr_assert_eq(pthread_create(&th[r], NULL, run_rank, &jobs[r]), 0);
   }
-  for (int r = 0; r < WORLD; r++) pthread_join(th[r], NULL);
+  run_ranks(run_rank, jobs, sizeof jobs[0]);
   for (int r = 0; r < WORLD; r++) {
     cr_assert(jobs[r].why[0] == 0, "update %d values %d wire %d chunk %d: %s", (int)update, (int)values, wire, chunk,
               jobs[r].why);
@@ -413,5 +440,119 @@ Test(cuda_host, distro_adamw_step_bit_identical_to_cpu, .timeout = 240) {
     run_config(DISTRO_UPDATE_ADAMW, DISTRO_VALUES_BF16, 1, chunk);
     for (unsigned v = 0; v < sizeof all_values / sizeof all_values[0]; v++)
       run_config(DISTRO_UPDATE_ADAMW, all_values[v], 2, chunk);
+  }
+}
+
+/* ---- a rank that fails locally still joins the exchange ---------------------- */
+
+typedef struct {
+  distro_comm *comm;
+  int rank, fail_rank, wire;
+  distro_status st[2];
+  char msg[2][512];
+  uint64_t sent, received;
+  size_t slot;
+} join_job;
+
+static void *join_rank(void *arg) {
+  join_job *J = arg;
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.wire_version = J->wire;
+  o.values = J->wire == 1 ? DISTRO_VALUES_F32 : DISTRO_VALUES_INT8;
+  o.threads = 1;
+  distro_comm_set_timeout(J->comm, 30.0);
+  distro_optim *opt = NULL;
+  const int64_t shape[2] = {64, 96};
+  float *p = calloc(64 * 96, sizeof(float)), *g = malloc(sizeof(float) * 64 * 96);
+  tu_rng rng = {99u + (uint64_t)J->rank};
+  tu_fill_normal(&rng, g, 64 * 96, 1.0f);
+  if (distro_optim_create(&o, J->comm, &opt) != DISTRO_OK || distro_optim_add_param(opt, "w", p, g, 2, shape) != DISTRO_OK) {
+    J->st[0] = J->st[1] = DISTRO_ERR_INVALID;
+    snprintf(J->msg[0], sizeof J->msg[0], "setup: %s", distro_last_error());
+    return NULL;
+  }
+  for (int step = 0; step < 2; step++) {
+    distro_step_stats s;
+    memset(&s, 0, sizeof s);
+    if (step == 0 && J->rank == J->fail_rank) {
+      /* as the GPU step does after a CUDA error before its payload is ready */
+      distro_status pst = distro__optim_prepare(opt);
+      if (pst == DISTRO_OK) pst = distro__optim_verify(opt, 1);
+      if (pst == DISTRO_OK) distro__payload_join_failed(opt, DISTRO_ERR_CUDA, &s);
+      J->st[step] = pst == DISTRO_OK ? DISTRO_ERR_CUDA : pst;
+      snprintf(J->msg[step], sizeof J->msg[step], "%s", distro_last_error());
+      continue;
+    }
+    J->st[step] = distro_optim_step(opt, 0.01f, &s);
+    snprintf(J->msg[step], sizeof J->msg[step], "%s", distro_last_error());
+    if (step == 1) {
+      J->sent = s.bytes_sent;
+      J->received = s.bytes_received;
+      J->slot = opt->slot;
+    }
+  }
+  distro_optim_free(opt);
+  free(p);
+  free(g);
+  return NULL;
+}
+
+/* Two steps on every rank; fail_rank (-1: none) fails its first locally. */
+static void join_jobs(join_job *J, distro_comm **c, int fail_rank, int wire) {
+  for (int r = 0; r < WORLD; r++) {
+    memset(&J[r], 0, sizeof J[r]);
+    J[r].comm = c[r];
+    J[r].rank = r;
+    J[r].fail_rank = fail_rank;
+    J[r].wire = wire;
+  }
+  run_ranks(join_rank, J, sizeof J[0]);
+}
+
+Test(cuda_host, local_failure_joins_the_exchange_and_fails_every_rank, .timeout = 120) {
+  for (int wire = 1; wire <= 2; wire++) {
+    distro_comm *c[WORLD];
+    cr_assert_eq(distro_comm_local_group(WORLD, c), DISTRO_OK);
+    join_job J[WORLD];
+    join_jobs(J, c, 1, wire);
+    for (int r = 0; r < WORLD; r++) {
+      if (r == 1) continue;
+      cr_assert_eq(J[r].st[0], DISTRO_ERR_COMM, "wire v%d rank %d: the step with a failed peer gave %d (%s)", wire, r,
+                   (int)J[r].st[0], J[r].msg[0]);
+      cr_assert(strstr(J[r].msg[0], "rank 1") && strstr(J[r].msg[0], "failed locally") &&
+                    strstr(J[r].msg[0], distro_status_string(DISTRO_ERR_CUDA)),
+                "wire v%d rank %d: message '%s' names neither the rank nor the failure", wire, r, J[r].msg[0]);
+    }
+    /* nothing was applied anywhere, so the next step works on every rank */
+    for (int r = 0; r < WORLD; r++)
+      cr_assert_eq(J[r].st[1], DISTRO_OK, "wire v%d rank %d: the next step gave %d (%s)", wire, r, (int)J[r].st[1],
+                   J[r].msg[1]);
+    for (int r = 0; r < WORLD; r++) distro_comm_free(c[r]);
+  }
+}
+
+/* ---- the step statistics of a communicator that pads (NCCL) ---------------- */
+
+Test(cuda_host, padded_gather_statistics_count_the_padding, .timeout = 120) {
+  for (int pad = 0; pad <= 1; pad++) {
+    distro_comm *c[WORLD];
+    cr_assert_eq(distro_comm_local_group(WORLD, c), DISTRO_OK);
+    if (pad) /* the local comm's collectives, declared to pad as NCCL's does */
+      for (int r = 0; r < WORLD; r++) c[r]->gatherv_pads = 1;
+    join_job J[WORLD];
+    join_jobs(J, c, -1, 2);
+    for (int r = 0; r < WORLD; r++) {
+      cr_assert_eq(J[r].st[1], DISTRO_OK, "%s", J[r].msg[1]);
+      const uint64_t per = J[r].slot + sizeof(uint64_t);
+      if (pad) {
+        cr_assert_eq(J[r].sent, per, "padded: rank %d reports %llu bytes sent, the wire carries %llu", r,
+                     (unsigned long long)J[r].sent, (unsigned long long)per);
+        cr_assert_eq(J[r].received, (WORLD - 1) * per, "padded: rank %d received", r);
+      } else {
+        cr_assert(J[r].sent < J[r].slot, "unpadded: %llu bytes sent, slot %zu (INT8 payloads are below the bound)",
+                  (unsigned long long)J[r].sent, J[r].slot);
+      }
+    }
+    for (int r = 0; r < WORLD; r++) distro_comm_free(c[r]);
   }
 }
