@@ -82,6 +82,11 @@ distro_status distro__cuda_fft_decode(const distro__cuda_fft_dct *p, cudaStream_
 
 /* ---- the exact tile passes (tile.cu; arithmetic in step_math.h) ---------- */
 
+/* The factored DCT's tables for the tiling's tile shape (tile_tables.c):
+ * the CPU's FAST plan (the floats the CPU step multiplies by) copied into
+ * one device buffer *blob (cudaFree it); *dev points into it. */
+distro_status distro__cuda_tile_tables(const distro__tiling *t, float **blob, distro__hd_dct *dev);
+
 /* demo.c's compress phase without the selection, tile by tile in the CPU's
  * rounding: next = decay*mom + scale*DCT(x), x the gradient or (adam)
  * DisTrO-AdamW's normalized gradient; flags[slot] = 1 if a second moment

@@ -251,13 +251,10 @@ fail:
   return st;
 }
 
-/* The exact method's tables for an h x w tile: the CPU's FAST plan (the
- * same floats the CPU step multiplies by) copied to the device. */
+/* The exact method's tables for the tiling's tile shape, shared by every
+ * tensor of that shape. */
 static distro_status shape_for(distro_cuda_optim *o, const distro__tiling *t, int *out) {
   distro_status st = DISTRO_OK;
-  distro__dct_plan plan;
-  float *blob = NULL;
-  memset(&plan, 0, sizeof plan);
   for (int b = 0; b < o->nshapes; b++)
     if (o->shapes[b].h == t->h && o->shapes[b].w == t->w) {
       *out = b;
@@ -266,45 +263,11 @@ static distro_status shape_for(distro_cuda_optim *o, const distro__tiling *t, in
   hd_shape *ns = realloc(o->shapes, sizeof *ns * (size_t)(o->nshapes + 1));
   if (!ns) return distro__fail(DISTRO_ERR_NOMEM, "out of memory");
   o->shapes = ns;
-  DISTRO_CHECK(distro__dct_plan_init(&plan, t, DISTRO__DCT_FAST));
-  distro__hd_dct host;
-  distro__hd_dct_from_plan(&plan, &host);
-  /* Every table with its size in floats; one device buffer holds them all. */
-  const float **slot[2 + 8 + 1 + 2 + 24];
-  int64_t len[2 + 8 + 1 + 2 + 24], total = 0;
-  int n = 0;
-  const int64_t w = t->w, hb = host.hbase;
-  slot[n] = &host.fw, len[n++] = w * w;
-  slot[n] = &host.fwt, len[n++] = w * w;
-  for (int l = 0; l < host.wl; l++) slot[n] = &host.fo[l], len[n++] = (w >> (l + 1)) * (w >> (l + 1));
-  if (host.wl > 0) slot[n] = &host.fe, len[n++] = (w >> host.wl) * (w >> host.wl);
-  if (t->h > 1) {
-    slot[n] = &host.cb, len[n++] = hb * hb;
-    slot[n] = &host.cbt, len[n++] = hb * hb;
-    for (int l = 0; l < host.hl; l++) slot[n] = &host.s4[l], len[n++] = (t->h >> (l + 1)) * (t->h >> (l + 1));
-  } else {
-    host.cb = host.cbt = NULL;
-  }
-  for (int a = 0; a < n; a++) total += len[a];
-  DISTRO_CUDA_TRY(cudaMalloc((void **)&blob, sizeof(float) * (size_t)(total ? total : 1)));
-  distro__hd_dct dev = host;
-  int64_t at = 0;
-  for (int a = 0; a < n; a++) {
-    DISTRO_CUDA_TRY(cudaMemcpy(blob + at, *slot[a], sizeof(float) * (size_t)len[a], cudaMemcpyHostToDevice));
-    /* the same member of the device copy */
-    *(const float **)((char *)&dev + ((const char *)slot[a] - (const char *)&host)) = blob + at;
-    at += len[a];
-  }
+  DISTRO_CHECK(distro__cuda_tile_tables(t, &ns[o->nshapes].blob, &ns[o->nshapes].dev));
   ns[o->nshapes].h = (int)t->h;
   ns[o->nshapes].w = (int)t->w;
-  ns[o->nshapes].blob = blob;
-  ns[o->nshapes].dev = dev;
   *out = o->nshapes++;
-  distro__dct_plan_destroy(&plan);
-  return DISTRO_OK;
 fail:
-  cudaFree(blob);
-  distro__dct_plan_destroy(&plan);
   return st;
 }
 
