@@ -556,3 +556,33 @@ Test(cuda_host, padded_gather_statistics_count_the_padding, .timeout = 120) {
     for (int r = 0; r < WORLD; r++) distro_comm_free(c[r]);
   }
 }
+
+/* ---- a non-finite momentum is refused, as on the CPU ------------------------ */
+
+Test(cuda_host, nonfinite_momentum_and_second_moment_are_flagged) {
+  tile_plan tp;
+  plan_for(&tp, 32, 32);
+  enum { E = 32 * 32 };
+  float g[E], v[E], mom[E], next[E], work[10 * E + 64];
+  uint32_t flag;
+  tu_rng rng = {tu_seed()};
+  for (int adam = 0; adam <= 1; adam++)
+    for (int c = 0; c < 4; c++) {
+      tu_fill_normal(&rng, g, E, 1.0f);
+      tu_fill_normal(&rng, mom, E, 1.0f);
+      for (int i = 0; i < E; i++) v[i] = 1.0f;
+      if (c == 1) g[E / 3] = NAN;           /* reaches the whole tile through the DCT */
+      if (c == 2 && adam) continue; /* DisTrO-AdamW's input is bounded: its momentum cannot overflow so */
+      if (c == 2) { /* decay*mom + s*DCT(g) overflows */
+        for (int i = 0; i < E; i++) mom[i] = 3.0e38f;
+        tu_fill_normal(&rng, g, E, 1e35f);
+      }
+      if (c == 3) g[5] = adam ? 1e30f : INFINITY; /* adam: g^2 overflows the second moment */
+      const int bad = distro__hd_compress_tile(&tp.D, g, v, adam, 0.999f, 0.5f, 1e-8f, mom, next, 32, 0.999f,
+                                               adam ? 1.0f : 1e3f, work, &flag, 0, 1);
+      cr_assert_eq(bad != 0, c != 0, "adam %d case %d: flag %d", adam, c, bad);
+      if (c == 0)
+        for (int i = 0; i < E; i++) cr_assert(isfinite(next[i]), "finite case produced a non-finite momentum");
+    }
+  distro__dct_plan_destroy(&tp.p);
+}

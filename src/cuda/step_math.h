@@ -46,15 +46,18 @@
 
 /* ---- element-wise ----------------------------------------------------------- */
 
-/* 1 if x is Inf or NaN (by its bits, as the CPU checks). */
-DISTRO_HD int distro__hd_nonfinite(float x) {
+/* The bits of |x| (they order like the magnitudes; the selection's key). */
+DISTRO_HD uint32_t distro__hd_mag(float x) {
   union {
     float f;
     uint32_t u;
   } b;
   b.f = x;
-  return (b.u & 0x7f800000u) == 0x7f800000u;
+  return b.u & 0x7fffffffu;
 }
+
+/* 1 if x is Inf or NaN (by its bits, as the CPU checks). */
+DISTRO_HD int distro__hd_nonfinite(float x) { return distro__hd_mag(x) >= 0x7f800000u; }
 
 /* demo.c blend_tile: decay*mom + s*f. */
 DISTRO_HD float distro__hd_blend(float mom, float f, float decay, float s) {
@@ -356,15 +359,6 @@ DISTRO_HD void distro__hd_aggregate(const uint32_t *idx, const float *val, int64
  * the top, then takes everything above T and the lowest-indexed entries
  * equal to T. These are its decisions; distro__hd_select runs them on one
  * thread. */
-DISTRO_HD uint32_t distro__hd_mag(float x) {
-  union {
-    float f;
-    uint32_t u;
-  } b;
-  b.f = x;
-  return b.u & 0x7fffffffu;
-}
-
 /* One radix pass: hist counts the candidates (magnitudes whose bits above
  * `shift + 8` equal prefix's) by their byte at `shift`; the byte that holds
  * the need-th largest candidate extends the prefix. Returns the new need
