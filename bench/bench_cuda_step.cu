@@ -4,11 +4,13 @@
 // with a large device-to-device copy, and the bytes each phase moves.
 //
 //   bench_cuda_step [--layers N] [--steps N] [--warmup N] [--chunk N]
-//                   [--topk N] [--wire 1|2] [--local] [--dct gemm|fft|auto]
+//                   [--topk N] [--wire 1|2] [--values f32|bf16|int8] [--local]
+//                   [--dct exact|gemm|fft|auto]
 //
-// --dct picks the chunked DCT (distro_cuda_optim_set_dct); the run prints a
-// BENCH_DCT line (method, chunk, transform and decode phase medians in ms)
-// that bench/gpu-check.sh compares across methods.
+// --dct picks the chunked DCT (distro_cuda_optim_set_dct; exact, the
+// default, rounds as the CPU); the run prints a BENCH_DCT line (method,
+// chunk, transform and decode phase medians in ms) and a BENCH_CONFIG line
+// (the options actually used) that bench/gpu-check.sh reads.
 //
 // Ends with a table between "== table" and "== end" (bench/gpu-check.sh
 // quotes it).
@@ -94,8 +96,8 @@ static double median(std::vector<double> v) {
 
 int main(int argc, char **argv) {
   int layers = 0, steps = 10, warmup = 3, use_local = 0;
-  distro_cuda_dct dct = DISTRO_CUDA_DCT_GEMM;
-  const char *dct_name = "gemm";
+  distro_cuda_dct dct = DISTRO_CUDA_DCT_EXACT;
+  const char *dct_name = "exact";
   distro_options o = distro_options_default(DISTRO_ALG_DEMO);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -107,13 +109,20 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--topk")) o.topk = atoi(v), i++;
     else if (!strcmp(a, "--wire")) o.wire_version = atoi(v), i++;
     else if (!strcmp(a, "--local")) use_local = 1;
-    else if (!strcmp(a, "--dct") && (!strcmp(v, "gemm") || !strcmp(v, "fft") || !strcmp(v, "auto"))) {
+    else if (!strcmp(a, "--values") && (!strcmp(v, "f32") || !strcmp(v, "bf16") || !strcmp(v, "int8"))) {
+      o.values = !strcmp(v, "f32") ? DISTRO_VALUES_F32 : !strcmp(v, "bf16") ? DISTRO_VALUES_BF16 : DISTRO_VALUES_INT8;
+      i++;
+    }
+    else if (!strcmp(a, "--dct") && (!strcmp(v, "exact") || !strcmp(v, "gemm") || !strcmp(v, "fft") || !strcmp(v, "auto"))) {
       dct_name = v;
-      dct = !strcmp(v, "fft") ? DISTRO_CUDA_DCT_FFT : !strcmp(v, "auto") ? DISTRO_CUDA_DCT_AUTO : DISTRO_CUDA_DCT_GEMM;
+      dct = !strcmp(v, "fft")    ? DISTRO_CUDA_DCT_FFT
+            : !strcmp(v, "auto") ? DISTRO_CUDA_DCT_AUTO
+            : !strcmp(v, "gemm") ? DISTRO_CUDA_DCT_GEMM
+                                 : DISTRO_CUDA_DCT_EXACT;
       i++;
     }
     else {
-      fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--chunk N] [--topk N] [--wire 1|2] [--local] [--dct gemm|fft|auto]\n",
+      fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--chunk N] [--topk N] [--wire 1|2] [--values f32|bf16|int8] [--local] [--dct exact|gemm|fft|auto]\n",
               argv[0]);
       return 2;
     }
@@ -154,8 +163,11 @@ int main(int argc, char **argv) {
                                    m.t[i].shape));
   uint64_t bound = 0;
   DK(distro_payload_bytes(&o, m.ntensors, m.ndims, m.shapes, &bound));
-  printf("options: chunk %d, topk %d, wire v%d, F32 values, sign update, DCT %s; comm %s (1 rank)\n", o.chunk,
-         o.topk, o.wire_version, dct_name, comm_name);
+  const char *values_name = o.values == DISTRO_VALUES_F32 ? "f32" : o.values == DISTRO_VALUES_BF16 ? "bf16" : "int8";
+  printf("options: chunk %d, topk %d, wire v%d, %s values, sign update, DCT %s; comm %s (1 rank)\n", o.chunk, o.topk,
+         o.wire_version, values_name, dct_name, comm_name);
+  printf("BENCH_CONFIG chunk=%d topk=%d values=%s wire=v%d dct=%s\n", o.chunk, o.topk, values_name, o.wire_version,
+         dct_name);
 
   std::vector<double> tr, tk, ex, de, tot;
   uint64_t sent = 0;
@@ -176,15 +188,19 @@ int main(int argc, char **argv) {
   const double bw_after = copy_bandwidth((size_t)2 << 30, s);
   const double bw = std::max(bw_before, bw_after);
 
-  // Bytes per parameter each phase moves as implemented (fp32):
-  //   transform: non-finite check 4, column GEMM 8, row GEMM 8, momentum 12
+  // Bytes per parameter each phase moves as implemented (fp32), GEMM / FFT:
+  //   transform: column GEMM 8, row GEMM 8, momentum 12
   //   top-k:     read 4 (+ the selection)
   //   decode:    aggregate 16 (zero coef+count, divide pass), inverse GEMMs 16,
   //              sign update 12
+  // exact (one block per tile; its work memory counted as on-chip):
+  //   transform: read the gradient and the momentum, write it: 12
+  //   decode:    read and write the parameters: 8 (+ the selections)
   // The step's floor: read the gradient, read and write the momentum and the
   // parameters: 20 bytes per parameter.
   const double N = (double)n, sel = 8.0 * (double)n * o.topk / (double)(o.chunk * o.chunk);
-  const double b_tr = 32 * N, b_tk = 4 * N + sel, b_de = 44 * N + sel, floor_b = 20 * N;
+  const int exact = dct == DISTRO_CUDA_DCT_EXACT;
+  const double b_tr = (exact ? 12 : 28) * N, b_tk = 4 * N + sel, b_de = (exact ? 8 : 44) * N + sel, floor_b = 20 * N;
   const double t_tr = median(tr), t_tk = median(tk), t_ex = median(ex), t_de = median(de), t_tot = median(tot);
   const double floor_t = floor_b / bw;
   printf("copy bandwidth: %.0f GB/s before, %.0f GB/s after (read + write)\n", bw_before / 1e9, bw_after / 1e9);

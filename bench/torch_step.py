@@ -2,14 +2,19 @@
 """The DeMo step written with stock PyTorch ops, as the references run it:
 einsum DCT on chunked tiles, torch.topk on |x|, decode-own-and-subtract,
 scatter mean over ranks (one rank here), inverse einsum, sign update. Same
-1.2B Llama-2 shape set, chunk 64, top-k 32, fp32. Prints TORCH_STEP_MS."""
+1.2B Llama-2 shape set, fp32 arithmetic; --chunk and --topk as the library's
+options, --values f32|bf16 rounds the selected values as the library's codec
+before they are aggregated (no index coding: the references send raw
+tensors). Prints TORCH_CONFIG (the settings used) and TORCH_STEP_MS."""
+import argparse
 import math
 import sys
 
 import torch
 
 V, H, I, L = 32000, 2048, 8192, 16
-CHUNK, TOPK, LR, DECAY = 64, 32, 1e-4, 0.999
+LR, DECAY = 1e-4, 0.999
+CHUNK, TOPK, VALUES = 64, 32, "f32"
 
 
 def shapes():
@@ -34,6 +39,15 @@ def basis(n, dev):
 
 
 def main():
+    global CHUNK, TOPK, VALUES
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunk", type=int, default=CHUNK)
+    ap.add_argument("--topk", type=int, default=TOPK)
+    ap.add_argument("--values", choices=("f32", "bf16"), default=VALUES)
+    ap.add_argument("--steps", type=int, default=5)
+    a = ap.parse_args()
+    CHUNK, TOPK, VALUES = a.chunk, a.topk, a.values
+    print(f"TORCH_CONFIG chunk={CHUNK} topk={TOPK} values={VALUES} wire=none")
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
     bases = {}
@@ -57,6 +71,8 @@ def main():
             coef = torch.einsum("ahbw,hi,wj->abij", x, fh, fw).reshape(-1, h * w)
             _, idx = torch.topk(coef.abs(), k, dim=-1)
             val = torch.gather(coef, -1, idx)
+            if VALUES == "bf16":
+                val = val.bfloat16().float()
             own = torch.zeros_like(coef).scatter_(-1, idx, val).view(r // h, c // w, h, w)
             t["m"].sub_(torch.einsum("abij,hi,wj->ahbw", own, fh, fw).reshape(r, c))
             agg = torch.zeros_like(coef).scatter_reduce_(-1, idx, val, reduce="mean", include_self=False)
@@ -64,7 +80,7 @@ def main():
             t["p"].sub_(LR * torch.sign(q))
 
     times = []
-    for it in range(8):
+    for it in range(3 + a.steps):
         for t in ts:
             t["g"].normal_()
         torch.cuda.synchronize()

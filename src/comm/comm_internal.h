@@ -33,6 +33,9 @@ struct distro_comm {
                        can (custom: no set_timeout callback) */
   int poll;         /* MPI: wait by polling with short sleeps, never spinning in
                        MPI_Wait (a helper thread beside the caller's compute) */
+  int gatherv_pads; /* allgatherv moves `slot` bytes per rank whatever `bytes`
+                       is, after an all-gather of the 8-byte sizes (NCCL): the
+                       step statistics count what crosses */
 };
 
 /* c->ops->dup with the checks every caller needs; the new comm inherits

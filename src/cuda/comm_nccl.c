@@ -170,6 +170,7 @@ distro_status distro_comm_nccl(ncclComm_t nccl, cudaStream_t stream, distro_comm
   c->rank = rank;
   c->size = size;
   c->impl = m;
+  c->gatherv_pads = 1;
   *out = c;
   return DISTRO_OK;
 fail:

@@ -16,6 +16,7 @@ extern "C" {
 
 #include "common/error.h"
 #include "compress/chunk.h"
+#include "cuda/step_math.h"
 
 /* CUDA / cuBLAS failures become DISTRO_ERR_CUDA with the call named. */
 #define DISTRO_CUDA_TRY(call)                                                                         \
@@ -79,6 +80,31 @@ distro_status distro__cuda_fft_encode(const distro__cuda_fft_dct *p, cudaStream_
 distro_status distro__cuda_fft_decode(const distro__cuda_fft_dct *p, cudaStream_t s, const float *coef, float *x,
                                       float *scratch, void *cbuf);
 
+/* ---- the exact tile passes (tile.cu; arithmetic in step_math.h) ---------- */
+
+/* The factored DCT's tables for the tiling's tile shape (tile_tables.c):
+ * the CPU's FAST plan (the floats the CPU step multiplies by) copied into
+ * one device buffer *blob (cudaFree it); *dev points into it. */
+distro_status distro__cuda_tile_tables(const distro__tiling *t, float **blob, distro__hd_dct *dev);
+
+/* demo.c's compress phase without the selection, tile by tile in the CPU's
+ * rounding: next = decay*mom + scale*DCT(x), x the gradient or (adam)
+ * DisTrO-AdamW's normalized gradient; flags[slot] = 1 if a second moment
+ * or a momentum value is Inf or NaN. D: device tables. work: max_blocks x
+ * distro__hd_tile_work floats. */
+cudaError_t distro__cuda_compress_tiles(cudaStream_t s, const distro__hd_dct *D, const distro__tiling *t,
+                                        const float *grad, const float *v, int adam, float b2, float c2, float eps,
+                                        const float *mom, float *next, float decay, float scale, float *work,
+                                        int max_blocks, int *flags, int slot);
+/* demo.c's apply phase: aggregate every rank's selection (idx/val: rank 0's
+ * entries of this tensor, rank r's `stride` further on), the inverse DCT
+ * (sparse where the CPU's is), p = p shrink - step sign(Q) and with adam the
+ * second moment. iwork: max_blocks x distro__hd_tile_iwork words. */
+cudaError_t distro__cuda_apply_tiles(cudaStream_t s, const distro__hd_dct *D, const distro__tiling *t,
+                                     const uint32_t *idx, const float *val, int64_t stride, const uint8_t *dropped,
+                                     int world, float *param, const float *grad, float *v, int adam, float b2,
+                                     float shrink, float step, float *work, uint32_t *iwork, int max_blocks);
+
 /* ---- per-chunk top-k (topk.cu) ------------------------------------------- */
 
 /* As distro__topk_tiles followed by distro__topk_zero_selected: the k
@@ -92,8 +118,10 @@ cudaError_t distro__cuda_topk(cudaStream_t s, const distro__tiling *t, float *co
 cudaError_t distro__cuda_nonfinite(cudaStream_t s, const float *x, int64_t n, int *flags, int slot);
 /* *out = 1.0f if any flags[0..n) is set, else 0.0f (the baseline's flag slot). */
 cudaError_t distro__cuda_flag_slot(cudaStream_t s, const int *flags, int n, float *out);
-/* next = decay*mom + scale*next, rounded as the C code does. */
-cudaError_t distro__cuda_momentum(cudaStream_t s, float *next, const float *mom, float decay, float scale, int64_t n);
+/* next = decay*mom + scale*next, rounded as the C code does; flags[slot] =
+ * 1 if a result is Inf or NaN (the CPU refuses such a momentum). */
+cudaError_t distro__cuda_momentum(cudaStream_t s, float *next, const float *mom, float decay, float scale, int64_t n,
+                                  int *flags, int slot);
 /* Dense coefficients of tensor t from every rank's decoded selection: per
  * coefficient the mean over the ranks that selected it, summed in rank
  * order; ranks with dropped[r] != 0 are skipped. `idx`/`val` point at rank

@@ -28,7 +28,16 @@ typedef struct {
   distro__cuda_dct dct;
   distro__cuda_fft_dct fft;
   int use_fft;        /* this tensor's DCT runs through cuFFT */
+  int shape;          /* exact method: index into the shape tables, else -1 */
 } cuda_param;
+
+/* The factored DCT's tables of one tile shape on the device (one
+ * allocation), and the struct of device pointers the kernels take. */
+typedef struct {
+  int h, w;
+  float *blob;
+  distro__hd_dct dev;
+} hd_shape;
 
 typedef struct {
   int64_t n;
@@ -62,6 +71,13 @@ struct distro_cuda_optim {
   int have_events;
   distro_cuda_dct dct_method;      /* distro_cuda_optim_set_dct */
   void *fft_work, *fft_cbuf;       /* shared by every cuFFT tensor */
+  hd_shape *shapes;                /* exact method: tables per tile shape */
+  int nshapes;
+  float *tile_work;                /* exact method: max_blocks slices of work */
+  uint32_t *tile_iwork;
+  int max_blocks;
+  int broken;                      /* a step failed after its exchange: the
+                                      device state is undefined */
 };
 
 distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *comm, cudaStream_t stream,
@@ -79,6 +95,7 @@ distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *c
   if (!o) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_cuda_optim_create: out of memory");
   o->host = host;
   o->stream = stream;
+  o->dct_method = DISTRO_CUDA_DCT_EXACT;
   o->nccl = strcmp(host->comm->ops->name, "nccl") == 0;
   *out = o;
   return DISTRO_OK;
@@ -120,9 +137,20 @@ distro_status distro_cuda_optim_add_param_bf16(distro_cuda_optim *o, const char 
   return add(o, name, param_bf16, master, grad, ndim, shape);
 }
 
+distro_status distro_cuda_optim_set_grad(distro_cuda_optim *o, const char *name, const float *grad) {
+  if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_set_grad: the optimizer is NULL");
+  /* The CPU optimizer's checks (NULL, unknown name, overlapping buffers). */
+  distro_status st = distro_optim_set_grad(o->host, name, grad);
+  if (st != DISTRO_OK) return st;
+  for (int i = 0; i < o->host->nparams; i++)
+    if (strcmp(o->host->params[i].name, name) == 0) o->params[i].grad = grad;
+  return DISTRO_OK;
+}
+
 distro_status distro_cuda_optim_set_dct(distro_cuda_optim *o, distro_cuda_dct method) {
   if (!o) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_set_dct: optimizer is NULL");
-  if (method != DISTRO_CUDA_DCT_GEMM && method != DISTRO_CUDA_DCT_FFT && method != DISTRO_CUDA_DCT_AUTO)
+  if (method != DISTRO_CUDA_DCT_GEMM && method != DISTRO_CUDA_DCT_FFT && method != DISTRO_CUDA_DCT_AUTO &&
+      method != DISTRO_CUDA_DCT_EXACT)
     return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_set_dct: unknown method %d", (int)method);
   if (o->ready)
     return distro__fail(DISTRO_ERR_INVALID,
@@ -147,6 +175,14 @@ static void free_device_state(distro_cuda_optim *o) {
     h->params[i].idx = NULL; /* they pointed into h_sel_idx / h_sel_val */
     h->params[i].val = NULL;
   }
+  for (int b = 0; b < o->nshapes; b++) cudaFree(o->shapes[b].blob);
+  free(o->shapes);
+  o->shapes = NULL;
+  o->nshapes = 0;
+  cudaFree(o->tile_work);
+  cudaFree(o->tile_iwork);
+  o->tile_work = NULL;
+  o->tile_iwork = NULL;
   for (int b = 0; b < o->nbases; b++) cudaFree(o->bases[b].basis);
   free(o->bases);
   o->bases = NULL;
@@ -215,6 +251,26 @@ fail:
   return st;
 }
 
+/* The exact method's tables for the tiling's tile shape, shared by every
+ * tensor of that shape. */
+static distro_status shape_for(distro_cuda_optim *o, const distro__tiling *t, int *out) {
+  distro_status st = DISTRO_OK;
+  for (int b = 0; b < o->nshapes; b++)
+    if (o->shapes[b].h == t->h && o->shapes[b].w == t->w) {
+      *out = b;
+      return DISTRO_OK;
+    }
+  hd_shape *ns = realloc(o->shapes, sizeof *ns * (size_t)(o->nshapes + 1));
+  if (!ns) return distro__fail(DISTRO_ERR_NOMEM, "out of memory");
+  o->shapes = ns;
+  DISTRO_CHECK(distro__cuda_tile_tables(t, &ns[o->nshapes].blob, &ns[o->nshapes].dev));
+  ns[o->nshapes].h = (int)t->h;
+  ns[o->nshapes].w = (int)t->w;
+  *out = o->nshapes++;
+fail:
+  return st;
+}
+
 static distro_status zeroed(void **p, size_t bytes) {
   distro_status st = DISTRO_OK;
   DISTRO_CUDA_TRY(cudaMalloc(p, bytes ? bytes : 1));
@@ -228,16 +284,24 @@ static distro_status prepare(distro_cuda_optim *o) {
   distro_optim *h = o->host;
   if (o->ready) return DISTRO_OK;
   if (h->nparams == 0) return distro__fail(DISTRO_ERR_INVALID, "no tensors registered (distro_cuda_optim_add_param)");
+  /* Before any device work, so that this check runs anywhere. */
+  for (int i = 0; i < h->nparams; i++)
+    if (!o->params[i].grad)
+      return distro__fail(DISTRO_ERR_INVALID, "tensor '%s' has no gradient buffer yet (distro_cuda_optim_set_grad)",
+                          h->params[i].name);
   const int adam = distro__uses_adam(&h->opt), world = h->comm->size, demo = h->opt.algorithm == DISTRO_ALG_DEMO;
-  DISTRO_CUBLAS_TRY(cublasCreate(&o->blas));
-  DISTRO_CUBLAS_TRY(cublasSetStream(o->blas, o->stream));
-  DISTRO_CUBLAS_TRY(cublasSetMathMode(o->blas, CUBLAS_DEFAULT_MATH));
+  const int exact = o->dct_method == DISTRO_CUDA_DCT_EXACT;
+  if (demo && !exact) {
+    DISTRO_CUBLAS_TRY(cublasCreate(&o->blas));
+    DISTRO_CUBLAS_TRY(cublasSetStream(o->blas, o->stream));
+    DISTRO_CUBLAS_TRY(cublasSetMathMode(o->blas, CUBLAS_DEFAULT_MATH));
+  }
   for (int e = 0; e < EV_COUNT; e++) {
     DISTRO_CUDA_TRY(cudaEventCreate(&o->ev[e]));
     o->have_events = e + 1 == EV_COUNT;
   }
   size_t fft_work = 0;
-  int64_t fft_cbuf = 0;
+  int64_t fft_cbuf = 0, max_tile = 0, max_h = 1;
   h->max_numel = h->total_numel = 0;
   h->tilings = malloc(sizeof(distro__tiling) * (size_t)h->nparams);
   if (!h->tilings) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
@@ -252,13 +316,20 @@ static distro_status prepare(distro_cuda_optim *o) {
       if (!demo) DISTRO_CHECK(zeroed((void **)&p->m, bytes));
       DISTRO_CHECK(zeroed((void **)&p->v, bytes));
     }
+    p->shape = -1;
     if (!demo) continue;
+    DISTRO_CHECK(zeroed((void **)&p->mom, bytes));
+    DISTRO_CHECK(zeroed((void **)&p->mom_next, bytes));
+    if (exact) {
+      if (hp->tiling.chunk_elems > max_tile) max_tile = hp->tiling.chunk_elems;
+      if (hp->tiling.h > max_h) max_h = hp->tiling.h;
+      DISTRO_CHECK(shape_for(o, &hp->tiling, &p->shape));
+      continue;
+    }
     DISTRO_CHECK(distro__cuda_dct_check(&hp->tiling));
     p->dct.t = hp->tiling;
     DISTRO_CHECK(basis_for(o, hp->tiling.h, &p->dct.fh));
     DISTRO_CHECK(basis_for(o, hp->tiling.w, &p->dct.fw));
-    DISTRO_CHECK(zeroed((void **)&p->mom, bytes));
-    DISTRO_CHECK(zeroed((void **)&p->mom_next, bytes));
     const int64_t edge = hp->tiling.h > hp->tiling.w ? hp->tiling.h : hp->tiling.w;
     if (hp->tiling.chunk_elems > 1 && (o->dct_method == DISTRO_CUDA_DCT_FFT ||
                                        (o->dct_method == DISTRO_CUDA_DCT_AUTO && edge >= DISTRO_CUDA_FFT_MIN_EDGE))) {
@@ -267,6 +338,18 @@ static distro_status prepare(distro_cuda_optim *o) {
       const int64_t c = distro__cuda_fft_cbuf(&hp->tiling);
       if (c > fft_cbuf) fft_cbuf = c;
     }
+  }
+  if (max_tile > 0) {
+    /* A few blocks per multiprocessor, each with its slice of work memory. */
+    int dev = 0, sms = 0;
+    DISTRO_CUDA_TRY(cudaGetDevice(&dev));
+    DISTRO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    o->max_blocks = 4 * (sms > 0 ? sms : 1);
+    /* distro__hd_tile_work / _iwork of the largest tile, bounded by max_tile and max_h */
+    DISTRO_CUDA_TRY(cudaMalloc((void **)&o->tile_work,
+                               sizeof(float) * (size_t)o->max_blocks * (size_t)(10 * max_tile + 64)));
+    DISTRO_CUDA_TRY(cudaMalloc((void **)&o->tile_iwork,
+                               sizeof(uint32_t) * (size_t)o->max_blocks * (size_t)(3 * max_tile + max_h + 8)));
   }
   if (fft_cbuf > 0) {
     DISTRO_CUDA_TRY(cudaMalloc(&o->fft_work, fft_work ? fft_work : 1));
@@ -327,23 +410,31 @@ static float elapsed(cudaEvent_t a, cudaEvent_t b) {
   return ms * 1e-3f;
 }
 
-static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats *s, int want_stats) {
+/* Phases 1 and 2 of the DeMo step, everything before the exchange: the
+ * tensors' DCTs, the momentum (staged), the selection, and its copy to the
+ * host; *bad is the first tensor whose momentum (or second moment) is not
+ * finite. Changes nothing the caller sees: the momentum is staged. */
+static distro_status demo_local(distro_cuda_optim *o, float lr, int *bad) {
   distro_status st = DISTRO_OK;
   distro_optim *h = o->host;
   cudaStream_t S = o->stream;
-  const int sign_update = h->opt.update == DISTRO_UPDATE_SIGN, world = h->comm->size;
+  const int sign_update = h->opt.update == DISTRO_UPDATE_SIGN;
   const float scale = sign_update ? lr : 1.0f, decay = h->opt.compression_decay;
   const size_t sel = (size_t)h->total_sel;
   const int64_t t = h->step + 1;
   const float c2 = (float)(1.0 - pow((double)h->opt.beta2, (double)t));
 
-  /* 1. Non-finite check, forward DCT and momentum into the staged buffer. */
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_START], S));
   DISTRO_CUDA_TRY(cudaMemsetAsync(o->d_flags, 0, sizeof(int) * (size_t)h->nparams, S));
   for (int i = 0; i < h->nparams; i++) {
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;
-    DISTRO_CUDA_TRY(distro__cuda_nonfinite(S, p->grad, n, o->d_flags, i));
+    if (p->shape >= 0) { /* the exact method: demo.c's arithmetic, tile by tile */
+      DISTRO_CUDA_TRY(distro__cuda_compress_tiles(S, &o->shapes[p->shape].dev, &h->tilings[i], p->grad, p->v,
+                                                  !sign_update, h->opt.beta2, c2, h->opt.eps, p->mom, p->mom_next,
+                                                  decay, scale, o->tile_work, o->max_blocks, o->d_flags, i));
+      continue;
+    }
     const float *x = p->grad; /* DisTrO-AdamW: the normalized gradient (demo.c) */
     if (!sign_update) {
       DISTRO_CUDA_TRY(distro__cuda_adam_input(S, p->grad, p->v, o->d_u, n, h->opt.beta2, h->opt.eps, c2, o->d_flags, i));
@@ -353,10 +444,12 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
       DISTRO_CHECK(distro__cuda_fft_encode(&p->fft, S, x, p->mom_next, o->scratch_a, o->fft_cbuf));
     else
       DISTRO_CHECK(distro__cuda_dct_encode(o->blas, S, &p->dct, x, p->mom_next, o->scratch_a));
-    DISTRO_CUDA_TRY(distro__cuda_momentum(S, p->mom_next, p->mom, decay, scale, n));
+    /* flags a non-finite momentum, as the CPU's blend does (a non-finite
+     * gradient reaches its tile's coefficients through the transform) */
+    DISTRO_CUDA_TRY(distro__cuda_momentum(S, p->mom_next, p->mom, decay, scale, n, o->d_flags, i));
   }
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_FORWARD], S));
-  /* 2. Top-k per chunk; what is selected leaves the staged momentum. */
+  /* Top-k per chunk; what is selected leaves the staged momentum. */
   for (int i = 0; i < h->nparams; i++)
     DISTRO_CUDA_TRY(distro__cuda_topk(S, &h->tilings[i], o->params[i].mom_next, o->d_sel_idx + h->sel_off[i],
                                       o->d_sel_val + h->sel_off[i]));
@@ -365,19 +458,23 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->h_flags, o->d_flags, sizeof(int) * (size_t)h->nparams, cudaMemcpyDeviceToHost, S));
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_SELECTED], S));
   DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
+  *bad = -1;
+  for (int i = 0; i < h->nparams && *bad < 0; i++)
+    if (o->h_flags[i]) *bad = i;
+  return DISTRO_OK;
+fail:
+  return st;
+}
 
-  /* 3. Encode, exchange, validate and decode: the CPU path's code. */
-  int bad = -1;
-  for (int i = 0; i < h->nparams && bad < 0; i++)
-    if (o->h_flags[i]) bad = i;
-  double t0 = distro__now();
-  size_t size = distro__payload_encode(h, bad);
-  s->seconds_topk += distro__now() - t0;
-  if (size == 0) DISTRO_FAIL(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
-  DISTRO_CHECK(distro__payload_exchange(h, size, s));
-
-  /* 4. Commit: upload every rank's selection, aggregate in rank order,
-   * inverse DCT and update. The old momentum buffer holds the inverse. */
+/* Phase 4, after a successful exchange: upload every rank's selection,
+ * aggregate, inverse DCT and update; waits for the device, so an error of
+ * the update kernels is this step's. */
+static distro_status demo_apply(distro_cuda_optim *o, float lr) {
+  distro_status st = DISTRO_OK;
+  distro_optim *h = o->host;
+  cudaStream_t S = o->stream;
+  const int sign_update = h->opt.update == DISTRO_UPDATE_SIGN, world = h->comm->size;
+  const size_t sel = (size_t)h->total_sel;
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->d_dec_idx, h->dec_idx, sizeof(uint32_t) * sel * (size_t)world,
                                   cudaMemcpyHostToDevice, S));
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->d_dec_val, h->dec_val, sizeof(float) * sel * (size_t)world,
@@ -385,30 +482,69 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   DISTRO_CUDA_TRY(cudaMemcpyAsync(o->d_dropped, h->dropped, (size_t)world, cudaMemcpyHostToDevice, S));
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_UPLOADED], S));
   const float shrink = 1.0f - lr * h->opt.weight_decay;
+  const float step = sign_update ? lr : DISTRO__ADAMW_SIGN_STEP * lr; /* demo.c */
   for (int i = 0; i < h->nparams; i++) {
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;
-    float *q = p->mom;
+    float *q = p->mom; /* the old momentum buffer holds the inverse (GEMM / FFT) */
     p->mom = p->mom_next;
     p->mom_next = q;
-    DISTRO_CUDA_TRY(distro__cuda_aggregate(S, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
-                                           o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
-                                           o->scratch_a, o->counts));
-    if (p->use_fft)
-      DISTRO_CHECK(distro__cuda_fft_decode(&p->fft, S, o->scratch_a, q, o->scratch_b, o->fft_cbuf));
-    else
-      DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
-    if (sign_update) {
-      DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, lr, shrink, n));
-    } else { /* demo.c: p -= 0.75 lr sign(Q), then the second moment */
-      DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, DISTRO__ADAMW_SIGN_STEP * lr, shrink, n));
-      DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->v, p->grad, n, h->opt.beta2));
+    if (p->shape >= 0) {
+      DISTRO_CUDA_TRY(distro__cuda_apply_tiles(S, &o->shapes[p->shape].dev, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
+                                               o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
+                                               p->param, p->grad, p->v, !sign_update, h->opt.beta2, shrink, step,
+                                               o->tile_work, o->tile_iwork, o->max_blocks));
+    } else {
+      DISTRO_CUDA_TRY(distro__cuda_aggregate(S, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
+                                             o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
+                                             o->scratch_a, o->counts));
+      if (p->use_fft)
+        DISTRO_CHECK(distro__cuda_fft_decode(&p->fft, S, o->scratch_a, q, o->scratch_b, o->fft_cbuf));
+      else
+        DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
+      DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, step, shrink, n));
+      if (!sign_update) DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->v, p->grad, n, h->opt.beta2));
     }
     if (p->bf16) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, n));
   }
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_DONE], S));
+  DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
+  DISTRO_CUDA_TRY(cudaGetLastError());
+  return DISTRO_OK;
+fail:
+  return st;
+}
+
+/* A local failure before the exchange: join it with an abort payload so
+ * that every rank fails this step (none waits for us), then report ours. */
+static distro_status demo_join_failed(distro_cuda_optim *o, distro_status why, distro_step_stats *s) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", distro_last_error());
+  distro__payload_join_failed(o->host, why, s);
+  return distro__fail(why, "%s", msg);
+}
+
+static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats *s, int want_stats) {
+  distro_status st = DISTRO_OK;
+  distro_optim *h = o->host;
+  int bad = -1;
+  st = demo_local(o, lr, &bad);
+  if (st != DISTRO_OK) return demo_join_failed(o, st, s);
+  /* Encode, exchange, validate and decode: the CPU path's code. */
+  double t0 = distro__now();
+  size_t size = distro__payload_encode(h, bad);
+  s->seconds_topk += distro__now() - t0;
+  if (size == 0) {
+    distro__fail(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
+    return demo_join_failed(o, DISTRO_ERR_PAYLOAD, s);
+  }
+  DISTRO_CHECK(distro__payload_exchange(h, size, s));
+  st = demo_apply(o, lr);
+  if (st != DISTRO_OK) {
+    o->broken = 1;
+    return st;
+  }
   if (want_stats) {
-    DISTRO_CUDA_TRY(cudaEventSynchronize(o->ev[EV_DONE]));
     s->seconds_transform += elapsed(o->ev[EV_START], o->ev[EV_FORWARD]);
     s->seconds_topk += elapsed(o->ev[EV_FORWARD], o->ev[EV_SELECTED]);
     s->seconds_decode += elapsed(o->ev[EV_UPLOADED], o->ev[EV_DONE]); /* the inverse DCT counts here */
@@ -416,6 +552,26 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   return DISTRO_OK;
 fail:
   return st;
+}
+
+/* The baseline's flag slot: 1 per rank with a non-finite gradient, this
+ * much per rank that failed locally (exact in float below 2^24). */
+#define LOCAL_FAULT_FLAG 65536.0f
+
+/* A local failure before the all-reduce: join it from host memory with a
+ * zero gradient and the fault flag, so every rank fails this step. */
+static distro_status adamw_join_failed(distro_cuda_optim *o, distro_status why) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", distro_last_error());
+  const int64_t n = o->host->total_numel;
+  float *buf = calloc((size_t)n + 1, sizeof *buf);
+  const int have = buf != NULL;
+  if (have) {
+    buf[n] = LOCAL_FAULT_FLAG;
+    (void)o->host->comm->ops->allreduce_sum(o->host->comm, buf, (size_t)n + 1);
+    free(buf);
+  }
+  return distro__fail(why, "%s%s", msg, have ? "" : " (and no memory to join the all-reduce: other ranks may wait)");
 }
 
 /* The AdamW all-reduce baseline, as distro__adamw_step: flatten the
@@ -432,6 +588,7 @@ static distro_status adamw_step(distro_cuda_optim *o, float lr, distro_step_stat
   const int64_t n = h->total_numel;
   const size_t flat = sizeof(float) * (size_t)(n + 1);
   float flag = 0;
+  int joined = 0; /* past the all-reduce: a failure no longer leaves a peer waiting */
 
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_START], S));
   DISTRO_CUDA_TRY(cudaMemsetAsync(o->d_flags, 0, sizeof(int) * (size_t)(np + 1), S));
@@ -450,6 +607,7 @@ static distro_status adamw_step(distro_cuda_optim *o, float lr, distro_step_stat
   DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
 
   double t0 = distro__now();
+  joined = 1;
   if (o->nccl) {
     DISTRO_CHECK(comm->ops->allreduce_sum(comm, o->d_flat, (size_t)n + 1)); /* waits for the comm's stream */
   } else {
@@ -465,6 +623,9 @@ static distro_status adamw_step(distro_cuda_optim *o, float lr, distro_step_stat
   } else {
     flag = o->h_flat[n];
   }
+  if (flag >= LOCAL_FAULT_FLAG)
+    DISTRO_FAIL(DISTRO_ERR_COMM, "%d rank(s) failed locally (CUDA) before the all-reduce; nothing was applied",
+                (int)(flag / LOCAL_FAULT_FLAG));
   if (flag != 0.0f) {
     int bad = -1;
     for (int i = 0; i < np && bad < 0; i++)
@@ -496,13 +657,19 @@ static distro_status adamw_step(distro_cuda_optim *o, float lr, distro_step_stat
     off += ni;
   }
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_DONE], S));
+  /* An error of the update kernels is this step's. */
+  if (cudaStreamSynchronize(S) != cudaSuccess || cudaGetLastError() != cudaSuccess) {
+    o->broken = 1;
+    DISTRO_FAIL(DISTRO_ERR_CUDA, "the AdamW update failed on the device: %s; the parameters and moments are undefined",
+                cudaGetErrorString(cudaGetLastError()));
+  }
   if (want_stats) {
-    DISTRO_CUDA_TRY(cudaEventSynchronize(o->ev[EV_DONE]));
     s->seconds_transform += elapsed(o->ev[EV_START], o->ev[EV_FORWARD]); /* flatten + checks */
     s->seconds_decode += elapsed(o->ev[EV_UPLOADED], o->ev[EV_DONE]);    /* the update */
   }
   return DISTRO_OK;
 fail:
+  if (!joined && st == DISTRO_ERR_CUDA) return adamw_join_failed(o, st);
   return st;
 }
 
@@ -526,6 +693,12 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
     if (vst != DISTRO_OK) return vst;
   } else if (st != DISTRO_OK) {
     return st;
+  }
+  if (o->broken) { /* still join the collective, so that the other ranks fail too */
+    distro__fail(DISTRO_ERR_CUDA, "an earlier step failed on the device after its exchange; this optimizer's device "
+                                  "state is undefined (load a saved state into a new optimizer)");
+    return h->opt.algorithm == DISTRO_ALG_DEMO ? demo_join_failed(o, DISTRO_ERR_CUDA, &s)
+                                               : adamw_join_failed(o, DISTRO_ERR_CUDA);
   }
   st = h->opt.algorithm == DISTRO_ALG_DEMO ? demo_step(o, lr, &s, stats != NULL) : adamw_step(o, lr, &s, stats != NULL);
   if (st != DISTRO_OK) return st;

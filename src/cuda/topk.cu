@@ -6,6 +6,8 @@
 // equal to T the lowest indices fill the rest. A block scan in index order
 // then writes the selection with indices ascending and zeroes it in coef.
 // Integer shared-memory atomics only (histograms), so results are exact.
+// The decisions (magnitude bits, the byte of each pass) are step_math.h's,
+// which test_cuda_host checks against topk.c on the CPU.
 #include <cstdint>
 
 #include "cuda/cuda_internal.h"
@@ -22,7 +24,6 @@ struct Tile {
   __device__ int64_t at(int e) const { return (r0 + e / w) * cols + c0 + e % w; }
 };
 
-__device__ __forceinline__ uint32_t mag_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
 // Exclusive prefix sum over the block; *total gets the block's sum.
 __device__ int block_scan(int x, int *total, int *warp_sums) {
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(float *coef, int64_t col
     return;
   }
   if (cache) {
-    for (int e = threadIdx.x; e < n; e += kThreads) smag[e] = mag_bits(coef[tile.at(e)]);
+    for (int e = threadIdx.x; e < n; e += kThreads) smag[e] = distro__hd_mag(coef[tile.at(e)]);
   }
   // Radix select of the k-th largest magnitude, most significant byte first.
   uint32_t prefix = 0, mask = 0;
@@ -80,18 +81,14 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(float *coef, int64_t col
     for (int b = threadIdx.x; b < 256; b += kThreads) hist[b] = 0;
     __syncthreads();
     for (int e = threadIdx.x; e < n; e += kThreads) {
-      const uint32_t m = cache ? smag[e] : mag_bits(coef[tile.at(e)]);
+      const uint32_t m = cache ? smag[e] : distro__hd_mag(coef[tile.at(e)]);
       if ((m & mask) == prefix) atomicAdd(&hist[(m >> shift) & 0xffu], 1);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      int above = 0, b = 255;
-      for (; b > 0; b--) {
-        if (above + hist[b] >= need) break;
-        above += hist[b];
-      }
-      s_prefix = prefix | ((uint32_t)b << shift);
-      s_need = need - above;
+      uint32_t p = prefix;
+      s_need = distro__hd_radix_pick(hist, need, shift, &p);
+      s_prefix = p;
     }
     __syncthreads();
     prefix = s_prefix;
@@ -104,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(float *coef, int64_t col
   for (int base = 0; base < n; base += kThreads) {
     const int e = base + threadIdx.x;
     uint32_t m = 0;
-    if (e < n) m = cache ? smag[e] : mag_bits(coef[tile.at(e)]);
+    if (e < n) m = cache ? smag[e] : distro__hd_mag(coef[tile.at(e)]);
     const int is_eq = e < n && m == prefix, is_gt = e < n && m > prefix;
     int eq_total, sel_total;
     const int eq_rank = block_scan(is_eq, &eq_total, warp_sums);

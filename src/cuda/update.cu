@@ -1,7 +1,7 @@
-// Element-wise kernels of the step and the fixed-order aggregation. The
-// arithmetic uses round-to-nearest intrinsics in the C code's order (no FMA
-// contraction), so given the same inputs each element matches the CPU path
-// bit for bit.
+// Element-wise kernels of the step and the fixed-order aggregation of the
+// cuBLAS / cuFFT option. The element arithmetic is step_math.h's (the C
+// code's order, round-to-nearest intrinsics, no FMA contraction), so given
+// the same inputs each element matches the CPU path bit for bit.
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -33,8 +33,14 @@ __global__ void flag_slot_kernel(const int *flags, int n, float *out) {
   if (threadIdx.x == 0) *out = any ? 1.0f : 0.0f;
 }
 
-__global__ void momentum_kernel(float *next, const float *mom, float decay, float scale, int64_t n) {
-  GRID_STRIDE(j, n) next[j] = __fadd_rn(__fmul_rn(decay, mom[j]), __fmul_rn(scale, next[j]));
+__global__ void momentum_kernel(float *next, const float *mom, float decay, float scale, int64_t n, int *flags,
+                                int slot) {
+  int bad = 0;
+  GRID_STRIDE(j, n) {
+    next[j] = distro__hd_blend(mom[j], next[j], decay, scale);
+    bad |= distro__hd_nonfinite(next[j]);
+  }
+  if (bad) flags[slot] = 1;
 }
 
 // One block per chunk. Within one rank a chunk's indices are distinct
@@ -70,44 +76,29 @@ __global__ void aggregate_kernel(int64_t cols, int h, int w, int64_t tiles_c, in
 }
 
 __global__ void sign_kernel(float *p, const float *q, float lr, float shrink, int64_t n) {
-  GRID_STRIDE(j, n) {
-    const float s = (float)((q[j] > 0.0f) - (q[j] < 0.0f));
-    p[j] = __fsub_rn(__fmul_rn(p[j], shrink), __fmul_rn(lr, s));
-  }
+  GRID_STRIDE(j, n) p[j] = distro__hd_sign_update(p[j], q[j], shrink, lr);
 }
 
 __global__ void adamw_kernel(float *p, float *m, float *v, const float *q, int64_t n, float q_scale, float b1,
                              float b2, float eps, float lr, float shrink, float c1, float c2) {
-  const float ob1 = __fsub_rn(1.0f, b1), ob2 = __fsub_rn(1.0f, b2);
-  GRID_STRIDE(j, n) {
-    const float g = __fmul_rn(q[j], q_scale);
-    const float mj = __fadd_rn(__fmul_rn(b1, m[j]), __fmul_rn(ob1, g));
-    const float vj = __fadd_rn(__fmul_rn(b2, v[j]), __fmul_rn(__fmul_rn(ob2, g), g));
-    m[j] = mj;
-    v[j] = vj;
-    const float step = __fdiv_rn(__fmul_rn(lr, __fdiv_rn(mj, c1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(vj, c2)), eps));
-    p[j] = __fsub_rn(__fmul_rn(p[j], shrink), step);
-  }
+  GRID_STRIDE(j, n) distro__hd_adamw(&p[j], &m[j], &v[j], q[j], q_scale, b1, b2, eps, lr, shrink, c1, c2);
 }
 
 // DisTrO-AdamW's input (demo.c, adam_tile): u = g / (sqrt(v'/c2) + eps),
 // v' the second moment after this step; flags[slot] set if v' is not finite.
 __global__ void adam_input_kernel(const float *g, const float *v, float *u, int64_t n, float b2, float eps, float c2,
                                   int *flags, int slot) {
-  const float ob2 = __fsub_rn(1.0f, b2);
   int bad = 0;
   GRID_STRIDE(j, n) {
-    const float gj = g[j];
-    const float vj = __fadd_rn(__fmul_rn(b2, v[j]), __fmul_rn(__fmul_rn(ob2, gj), gj));
-    u[j] = __fdiv_rn(gj, __fadd_rn(__fsqrt_rn(__fdiv_rn(vj, c2)), eps));
-    bad |= !isfinite(vj);
+    const float vj = distro__hd_second_moment(v[j], g[j], b2);
+    u[j] = distro__hd_adam_input(g[j], vj, c2, eps);
+    bad |= distro__hd_nonfinite(vj);
   }
   if (bad) flags[slot] = 1;
 }
 
 __global__ void second_moment_kernel(float *v, const float *g, int64_t n, float b2) {
-  const float ob2 = __fsub_rn(1.0f, b2);
-  GRID_STRIDE(j, n) v[j] = __fadd_rn(__fmul_rn(b2, v[j]), __fmul_rn(__fmul_rn(ob2, g[j]), g[j]));
+  GRID_STRIDE(j, n) v[j] = distro__hd_second_moment(v[j], g[j], b2);
 }
 
 __global__ void bf16_kernel(const float *x, uint16_t *out, int64_t n) {
@@ -128,9 +119,9 @@ extern "C" cudaError_t distro__cuda_flag_slot(cudaStream_t s, const int *flags, 
 }
 
 extern "C" cudaError_t distro__cuda_momentum(cudaStream_t s, float *next, const float *mom, float decay, float scale,
-                                             int64_t n) {
+                                             int64_t n, int *flags, int slot) {
   if (n == 0) return cudaSuccess;
-  momentum_kernel<<<grid_for(n), kThreads, 0, s>>>(next, mom, decay, scale, n);
+  momentum_kernel<<<grid_for(n), kThreads, 0, s>>>(next, mom, decay, scale, n, flags, slot);
   return cudaGetLastError();
 }
 

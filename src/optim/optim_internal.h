@@ -139,6 +139,12 @@ void distro__payload_destroy(distro_optim *o);
 /* Encodes this rank's selection, or an abort notice when bad_tensor >= 0;
  * returns the payload size (0: encoding failed, which is a bug). */
 size_t distro__payload_encode(distro_optim *o, int bad_tensor);
+/* A rank that failed locally before its payload was ready (the GPU step's
+ * CUDA, cuBLAS or cuFFT errors) still joins this step's exchange, with an
+ * abort payload carrying `why`, so every rank fails the step with an error
+ * naming it instead of waiting for the missing payload. The caller reports
+ * its own error afterwards (distro_last_error is overwritten). */
+void distro__payload_join_failed(distro_optim *o, distro_status why, distro_step_stats *s);
 /* Exchanges, validates and decodes every rank's payload into dec_idx /
  * dec_val; applies the robust-aggregation options. Changes no state but
  * the receive buffers. */

@@ -113,6 +113,21 @@ size_t distro__payload_encode(distro_optim *o, int bad_tensor) {
                               o->val_ptrs);
 }
 
+void distro__payload_join_failed(distro_optim *o, distro_status why, distro_step_stats *s) {
+  const uint32_t rank = (uint32_t)o->comm->rank, code = (uint32_t)why;
+  size_t size;
+  if (o->opt.wire_version == 1) {
+    distro__wire_write_header(o->send, &o->layout, o->tilings, DISTRO__WIRE_FLAG_ABORT, rank, (uint64_t)o->step, code,
+                              0);
+    distro__wire_clear_body(o->send, &o->layout);
+    distro__wire_seal(o->send, &o->layout);
+    size = o->layout.total;
+  } else {
+    size = distro__wire2_encode_abort(o->send, o->w2, o->nparams, o->opt.values, rank, (uint64_t)o->step, code, 0);
+  }
+  if (size) (void)distro__payload_exchange(o, size, s); /* fails on every rank, here too */
+}
+
 /* Validates and decodes rank r's payload into its rows of x's dec_idx /
  * dec_val; the payload must be stamped with `step`. */
 static distro_status decode_one(const distro_optim *o, distro__xset *x, int64_t step_want, int r, int *aborted,
@@ -240,6 +255,10 @@ distro_status distro__payload_exchange_into(const distro_optim *o, distro_comm *
   s->bytes_received = 0;
   for (int r = 0; r < world; r++)
     if (r != rank) s->bytes_received += x->sizes[r];
+  if (o->opt.wire_version != 1 && comm->gatherv_pads) { /* what crosses: every slot whole, and its size */
+    s->bytes_sent = o->slot + sizeof(uint64_t);
+    s->bytes_received = (uint64_t)(world - 1) * (o->slot + sizeof(uint64_t));
+  }
 
   /* Validate and decode everything before anything is applied. A payload
    * that fails validation fails the step on every rank, or, with
@@ -247,7 +266,7 @@ distro_status distro__payload_exchange_into(const distro_optim *o, distro_comm *
   for (int r = 0; r < world; r++) x->dropped[r] = 0;
   const double tdec = distro__now();
   int abort_rank = -1;
-  uint32_t abort_tensor = 0;
+  uint32_t abort_tensor = 0, abort_why = DISTRO_ERR_NONFINITE;
   for (int r = 0; r < world; r++) {
     int aborted = 0;
     uint32_t why = 0, tensor = 0;
@@ -256,6 +275,7 @@ distro_status distro__payload_exchange_into(const distro_optim *o, distro_comm *
       if (abort_rank < 0) {
         abort_rank = r;
         abort_tensor = tensor;
+        abort_why = why;
       }
       continue;
     }
@@ -289,6 +309,9 @@ distro_status distro__payload_exchange_into(const distro_optim *o, distro_comm *
     free(all);
     DISTRO_CHECK(ast);
   }
+  if (abort_rank >= 0 && abort_why != DISTRO_ERR_NONFINITE) /* a local failure (the GPU step's) */
+    DISTRO_FAIL(DISTRO_ERR_COMM, "rank %d could not step: it failed locally (%s); nothing was applied", abort_rank,
+                distro_status_string((distro_status)abort_why));
   if (abort_rank >= 0) {
     const char *name = abort_tensor < (uint32_t)o->nparams ? o->params[abort_tensor].name : "?";
     DISTRO_FAIL(DISTRO_ERR_NONFINITE, "rank %d could not step: non-finite gradient (or momentum) in tensor '%s'; nothing was applied",

@@ -87,6 +87,43 @@ int main(void) {
   CT_CHECK(distro_cuda_optim_set_dct(gpu, (distro_cuda_dct)7) == DISTRO_ERR_INVALID, "set_dct: bad method");
   CT_CHECK(distro_cuda_optim_set_dct(gpu, DISTRO_CUDA_DCT_AUTO) == DISTRO_OK, "set_dct auto: %s", distro_last_error());
   CT_CHECK(distro_cuda_optim_set_dct(gpu, DISTRO_CUDA_DCT_GEMM) == DISTRO_OK, "set_dct gemm: %s", distro_last_error());
+  CT_CHECK(distro_cuda_optim_set_dct(gpu, DISTRO_CUDA_DCT_EXACT) == DISTRO_OK, "set_dct exact: %s", distro_last_error());
+
+  /* A NULL gradient: accepted at add_param (lazily allocated gradients, as
+   * the CPU optimizer), refused by the step before any device work (so this
+   * runs without a GPU), until set_grad hands one over; set_grad has the CPU
+   * optimizer's checks. */
+  {
+    distro_cuda_optim *lazy = NULL;
+    distro_optim *lazy_cpu = NULL;
+    float g1[4], g2[4], pw[4], pb[4];
+    CT_CHECK(distro_cuda_optim_create(&ok, comm, 0, &lazy) == DISTRO_OK, "create (lazy)");
+    CT_CHECK(distro_optim_create(&ok, comm, &lazy_cpu) == DISTRO_OK, "create (lazy cpu)");
+    CT_CHECK(distro_cuda_optim_add_param(lazy, "w", pw, NULL, 2, good) == DISTRO_OK, "NULL grad at add_param: %s",
+             distro_last_error());
+    CT_CHECK(distro_cuda_optim_add_param(lazy, "b", pb, g2, 2, good) == DISTRO_OK, "add b");
+    CT_CHECK(distro_cuda_optim_step(lazy, 0.1f, NULL) == DISTRO_ERR_INVALID, "step with a NULL grad: want INVALID");
+    CT_CHECK(strstr(distro_last_error(), "'w'") && strstr(distro_last_error(), "distro_cuda_optim_set_grad"),
+             "the error names the tensor and set_grad: '%s'", distro_last_error());
+    CT_CHECK(distro_optim_add_param(lazy_cpu, "w", pw, NULL, 2, good) == DISTRO_OK, "cpu add");
+    CT_CHECK(distro_optim_add_param(lazy_cpu, "b", pb, g2, 2, good) == DISTRO_OK, "cpu add b");
+    struct {
+      distro_cuda_optim *o;
+      const char *name;
+      const float *grad;
+    } sg[] = {{NULL, "w", g1}, {lazy, NULL, g1}, {lazy, "w", NULL}, {lazy, "nope", g1}, {lazy, "w", g2 + 1}};
+    for (size_t i = 0; i < sizeof sg / sizeof sg[0]; i++) {
+      distro_status gs = distro_cuda_optim_set_grad(sg[i].o, sg[i].name, sg[i].grad);
+      char gmsg[512];
+      snprintf(gmsg, sizeof gmsg, "%s", distro_last_error());
+      distro_status cs = sg[i].o ? distro_optim_set_grad(lazy_cpu, sg[i].name, sg[i].grad) : DISTRO_ERR_INVALID;
+      CT_CHECK(gs == DISTRO_ERR_INVALID && cs == gs, "set_grad case %zu: gpu %d cpu %d (%s)", i, (int)gs, (int)cs,
+               gmsg);
+    }
+    CT_CHECK(distro_cuda_optim_set_grad(lazy, "w", g1) == DISTRO_OK, "set_grad: %s", distro_last_error());
+    distro_cuda_optim_free(lazy);
+    distro_optim_free(lazy_cpu);
+  }
 
   /* save / load: argument checks */
   CT_CHECK(distro_cuda_optim_save(NULL, "x") == DISTRO_ERR_INVALID, "save: NULL optimizer");

@@ -204,11 +204,22 @@ static void test_elementwise(void) {
   up(dq, q, sizeof(float) * n);
   /* momentum: next = decay*mom + s*next (demo.c) */
   const float decay = 0.999f, s = 3e-3f;
-  CT_CUDA(distro__cuda_momentum(0, dq, dm, decay, s, n));
+  int *dflag = (int *)dmalloc(sizeof(int) * 2), hflag[2] = {0, 0};
+  CT_CUDA(cudaMemset(dflag, 0, sizeof(int) * 2));
+  CT_CUDA(distro__cuda_momentum(0, dq, dm, decay, s, n, dflag, 0));
   down(out, dq, sizeof(float) * n);
   int bad = 0;
   for (int64_t j = 0; j < n; j++) bad += out[j] != decay * m[j] + s * q[j];
   CT_CHECK(bad == 0, "momentum: %d elements differ", bad);
+  /* a momentum that overflows is flagged, as the CPU's blend refuses it */
+  q[n / 3] = 3e38f;
+  up(dq, q, sizeof(float) * n);
+  CT_CUDA(distro__cuda_momentum(0, dq, dm, decay, 10.0f, n, dflag, 1));
+  down(hflag, dflag, sizeof(int) * 2);
+  CT_CHECK(hflag[0] == 0 && hflag[1] == 1, "momentum flags %d %d, want 0 1 (finite, then overflowed)", hflag[0],
+           hflag[1]);
+  cudaFree(dflag);
+  q[n / 3] = 0.5f;
   up(dq, q, sizeof(float) * n);
   /* sign update */
   const float lr = 1e-3f, shrink = 1.0f - lr * 0.1f;
