@@ -234,7 +234,7 @@ Test(cuda_host, adamw_baseline_element_matches_cpu) {
 /* ---- whole steps ------------------------------------------------------------- */
 
 #define WORLD 3
-#define STEPS 4
+#define STEPS 6 /* DisTrO-AdamW's rectified step is 0 for steps 1-4 (beta2 0.95) */
 static const int64_t tshapes[][3] = {{2, 96, 40}, {2, 7, 64}, {1, 130, 0}, {3, 3, 5}, {2, 64, 64}, {2, 128, 96}, {2, 65, 33}};
 #define NT (int)(sizeof tshapes / sizeof tshapes[0])
 
@@ -288,7 +288,8 @@ static distro_status emu_step(emu *E, float lr) {
   if (size == 0) return DISTRO_ERR_PAYLOAD;
   distro_status r = distro__payload_exchange(h, size, &st);
   if (r != DISTRO_OK) return r;
-  const float step = sign ? lr : DISTRO__ADAMW_SIGN_STEP * lr, shrink = 1.0f - lr * h->opt.weight_decay;
+  const float step = sign ? lr : (float)(distro__adamw_step_scale(h->opt.beta2, h->step + 1) * (double)lr),
+              shrink = 1.0f - lr * h->opt.weight_decay;
   for (int i = 0; i < h->nparams; i++) {
     const distro__tiling *t = &h->tilings[i];
     float *tmp = E->mom[i];
