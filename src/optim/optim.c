@@ -365,7 +365,6 @@ distro_status distro_payload_bytes(const distro_options *opt, int n, const int *
                                    uint64_t *bytes) {
   distro_status st = DISTRO_OK;
   distro__tiling *t = NULL;
-  distro__wire_layout l = {0};
   DISTRO__NONNULL("distro_payload_bytes", opt);
   DISTRO__NONNULL("distro_payload_bytes", bytes);
   DISTRO__NONNULL("distro_payload_bytes", ndims);
@@ -385,18 +384,10 @@ distro_status distro_payload_bytes(const distro_options *opt, int n, const int *
   t = malloc(sizeof *t * (size_t)n);
   if (!t) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   for (int i = 0; i < n; i++) DISTRO_CHECK(distro__tiling_init(&t[i], ndims[i], shapes[i], opt->chunk, opt->topk));
-  if (opt->wire_version == 1) {
-    DISTRO_CHECK(distro__wire_layout_init(&l, t, n, opt->values));
-    *bytes = l.total;
-  } else {
-    distro__wire2_tensor *w2 = calloc((size_t)n, sizeof *w2);
-    if (!w2) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) w2[i].t = t[i];
-    *bytes = distro__wire2_bound(w2, n, opt->values);
-    free(w2);
-  }
+  const distro__payload_format *f = distro__payload_format_of(opt->wire_version);
+  if (!f) DISTRO_FAIL(DISTRO_ERR_INVALID, "wire_version %d is not known", opt->wire_version);
+  DISTRO_CHECK(f->bound(t, n, opt->values, bytes));
 fail:
-  distro__wire_layout_destroy(&l);
   free(t);
   return st;
 }

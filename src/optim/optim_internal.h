@@ -46,6 +46,26 @@ void distro__demo_apply(distro_optim *o, int agg, float lr_agg, float ahead, dis
  * max_tile elements. */
 size_t distro__demo_ws_bytes(int64_t max_tile);
 
+/* A payload format (payload_format.c): one entry per wire version, chosen
+ * once by distro__payload_prepare. bound: the largest payload of a tensor
+ * list; prepare: the format's tables and o->slot; encode / encode_abort:
+ * this rank's payload into o->send, returning its size (0: a bug); gather:
+ * the all-gather into recv (world slots of o->slot bytes), each rank's size
+ * into sizes; decode: validate a peer's payload and decode it into idx[i] /
+ * val[i] (an abort notice returns OK with *aborted set). */
+typedef struct distro__payload_format {
+  int version;
+  distro_status (*bound)(const distro__tiling *t, int n, distro_values v, uint64_t *bytes);
+  distro_status (*prepare)(distro_optim *o);
+  size_t (*encode)(distro_optim *o, uint32_t rank, uint64_t step);
+  size_t (*encode_abort)(distro_optim *o, uint32_t rank, uint64_t step, uint32_t status, uint32_t tensor);
+  distro_status (*gather)(const distro_optim *o, distro_comm *comm, size_t size, uint8_t *recv, size_t *sizes);
+  distro_status (*decode)(const distro_optim *o, const uint8_t *buf, size_t size, int peer, int *aborted,
+                          uint32_t *why, uint32_t *tensor, uint32_t *const *idx, float *const *val);
+} distro__payload_format;
+/* The entry of a wire version; NULL if none (options_check refuses it first). */
+const distro__payload_format *distro__payload_format_of(int wire_version);
+
 /* Payload handling of the DeMo step (payload.c). */
 distro_status distro__payload_prepare(distro_optim *o);
 void distro__payload_destroy(distro_optim *o);

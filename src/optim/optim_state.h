@@ -72,6 +72,7 @@ struct distro_optim {
   int64_t max_numel;
   int64_t total_numel;
   distro__tiling *tilings; /* copy of each param's tiling, for the wire */
+  const struct distro__payload_format *fmt; /* the wire version's entry, set by payload prepare */
   distro__wire_layout layout;     /* wire v1 */
   distro__wire2_tensor *w2;       /* wire v2: tilings + ENUM tables */
   distro__enum_table *etabs;      /* one per distinct (chunk elements, k) */
