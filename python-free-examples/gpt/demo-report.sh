@@ -14,7 +14,7 @@ function human(b) {
   if (b >= 1e3) return sprintf("%.1f kB", b / 1e3)
   return sprintf("%.0f B", b)
 }
-/^#/ { sub(/^# /, ""); head = $0; next }
+/^#/ { sub(/^# /, ""); head = head (head != "" ? "; " : "") $0; next }
 $1 == "row" { for (i = 1; i <= NF; i++) col[$i] = i; next }
 {
   n++; for (i = 1; i <= NF; i++) R[n, i] = $i
@@ -36,7 +36,7 @@ END {
       set = sprintf("fp32 all-reduce + AdamW, lr %s", R[r, col["lr"]])
     sent = R[r, col["sent_per_step"]]
     printf "| %s | %s | %.4f | %.3f | %s | %s | %.0fx |\n", name, set, R[r, col["val_loss"]],
-           R[r, col["val_loss"]] / ref_loss, human(sent), human(R[r, col["peak_sent"]]), sent > 0 ? ref_bytes / sent : 0
+           R[r, col["val_loss"]] / ref_loss, human(sent), human(R[r, col["peak_sent"]]), (sent > 0 ? ref_bytes / sent : 0)
   }
   print ""
   print "(" head ")"
