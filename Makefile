@@ -1,7 +1,10 @@
 # distro: the two commands of the README and a few helpers.
 #
-#   make demo      install missing Debian packages, build, run the demo (the GPT
-#                  trainer's --compare: AdamW all-reduce vs DisTrO on real text)
+#   make demo      install missing Debian packages, build the GPT trainer, run
+#                  its --compare: AdamW all-reduce vs DisTrO vs DisTrO-AdamW on
+#                  real text (three runs)
+#   make demo-full the same with every row: DeMo's reference setting, DiLoCo,
+#                  streaming DiLoCo, SparseLoCo (eight runs)
 #   make test      install missing Debian packages, build, run every test
 #   make bench     build and run the benchmarks in build/bench/
 #   make install PREFIX=/opt/distro
@@ -31,7 +34,7 @@ DEBIAN_PACKAGES := cmake gcc g++ make pkg-config libopenblas-dev libfftw3-dev \
 # Targets run one after another, in the order given (deps before build).
 .NOTPARALLEL:
 MAKEFLAGS += --no-print-directory
-.PHONY: all deps configure build test demo bench install clean
+.PHONY: all deps configure build test demo demo-build demo-full bench install clean
 
 all: build
 
@@ -67,13 +70,22 @@ build: configure
 test: deps build
 	$(CTEST) --test-dir $(BUILD) --output-on-failure $(CTEST_FLAGS)
 
-demo: deps build
-	@if [ ! -x $(BUILD)/python-free-examples/gpt/gpt-train ]; then \
-	  echo "demo: $(BUILD)/python-free-examples/gpt/gpt-train was not built (is python-free-examples/ part of this checkout?)" >&2; \
-	  exit 1; \
+GPT_TRAIN := $(BUILD)/python-free-examples/gpt/gpt-train
+
+# The demo builds only what it runs (the library and the trainer).
+demo-build: deps configure
+	@if [ ! -f python-free-examples/gpt/main.c ]; then \
+	  echo "demo: python-free-examples/gpt is not part of this checkout" >&2; exit 1; \
 	fi
+	$(CMAKE) --build $(BUILD) -j $(JOBS) --target gpt-train
+
+demo: demo-build
 	@mkdir -p $(BUILD)/demo
-	$(BUILD)/python-free-examples/gpt/gpt-train --compare --plot $(BUILD)/demo/compare.png --log $(BUILD)/demo/compare.csv
+	$(GPT_TRAIN) --compare --plot $(BUILD)/demo/compare.png --log $(BUILD)/demo/compare.csv --tsv $(BUILD)/demo/compare.tsv
+
+demo-full: demo-build
+	@mkdir -p $(BUILD)/demo
+	$(GPT_TRAIN) --compare-all --plot $(BUILD)/demo/compare-all.png --log $(BUILD)/demo/compare-all.csv --tsv $(BUILD)/demo/compare-all.tsv
 
 bench: build
 	@found=0; \

@@ -40,7 +40,7 @@ int64_t bench_llama_params(int layers);
 /* One line: name, blocks, tensors, parameters. */
 void bench_model_print(const bench_model *m, FILE *f);
 
-/* Chunk rule of ALGORITHMS.md section 1, restated here so the demo can count
+/* Chunk rule of docs/algorithms.md section 1, restated here so the demo can count
  * the reference format without the library's internals. */
 int64_t bench_chunk_size(int64_t n, int64_t target);
 

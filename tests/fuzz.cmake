@@ -90,12 +90,13 @@ function(distro_fuzz_setup)
   set(flags -std=c11 -g -O1 -fno-omit-frame-pointer -fno-sanitize-recover=all
             -D_POSIX_C_SOURCE=200809L -DDISTRO_BUILDING=1 "-DDISTRO_VERSION=\"${PROJECT_VERSION}\""
             -I${PROJECT_SOURCE_DIR}/include -I${src} ${DISTRO_WARN})
-  set(common ${src}/compress/wire.c ${src}/compress/chunk.c ${src}/common/crc32c.c ${src}/common/error.c)
+  set(common ${src}/compress/wire.c ${src}/compress/frame.c ${src}/compress/value_codec.c ${src}/compress/chunk.c
+             ${src}/common/crc32c.c ${src}/common/error.c)
   distro_fuzz_target(fuzz_wire FUZZ_WIRE_SEED_MAIN ${common})
   distro_fuzz_target(fuzz_wire2 FUZZ_WIRE2_SEED_MAIN ${common} ${src}/compress/wire2.c
-                     ${src}/compress/index_codec.c ${src}/compress/value_codec.c)
+                     ${src}/compress/index_codec.c)
   distro_fuzz_target(fuzz_outer_sparse FUZZ_OUTER_SPARSE_SEED_MAIN ${common} ${src}/compress/outer_sparse.c
-                     ${src}/compress/outer_codec.c ${src}/compress/index_codec.c ${src}/compress/value_codec.c)
+                     ${src}/compress/outer_codec.c ${src}/compress/index_codec.c)
 endfunction()
 
 distro_fuzz_setup()

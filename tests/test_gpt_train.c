@@ -522,10 +522,19 @@ Test(gpt_train, compare_prints_the_table_and_plots) {
     cr_assert(strstr(out, row), "no row for %s:\n%s", OPTIMS[i], out);
   }
   cr_assert(strstr(out, "targets: "), "no target line:\n%s", out);
-  cr_assert(strstr(out, "\nsparseloco ") && strstr(out, "SparseLoCo: sparseloco"), "no sparseloco row:\n%s", out);
+  cr_assert(strstr(out, "DisTrO-AdamW: distro-adamw"), "no DisTrO-AdamW target line:\n%s", out);
+  cr_assert(!strstr(out, "\nsparseloco ") && !strstr(out, "\ndiloco "), "rows beyond the swap's three:\n%s", out);
   struct stat st;
   cr_assert_eq(stat(png, &st), 0, "no plot written:\n%s", out);
   cr_assert_gt(st.st_size, 1000);
+  free(out);
+
+  /* --compare-all: every row, with the DiLoCo and SparseLoCo target lines. */
+  snprintf(args, sizeof args, "--compare-all --steps 4 --eval-every 4 --print-every 100");
+  out = train(args);
+  cr_assert(strstr(out, "\nsparseloco ") && strstr(out, "SparseLoCo: sparseloco"), "no sparseloco row:\n%s", out);
+  cr_assert(strstr(out, "\ndiloco-stream ") && strstr(out, "DiLoCo: diloco"), "no DiLoCo rows:\n%s", out);
+  cr_assert(strstr(out, "\ndistro-ref "), "no distro-ref row:\n%s", out);
   free(out);
 
   /* Without gnuplot: the table still comes, then a clear message and exit 2. */

@@ -1,5 +1,5 @@
 /* The whole optimizer step against an independent float64 reference
- * (tests/support/demo_ref.c, written from ALGORITHMS.md section 1), over
+ * (tests/support/demo_ref.c, written from docs/algorithms.md section 1), over
  * several steps, world sizes 1-4, mixed tensor shapes and every update /
  * value codec; plus full top-k == sign-SGD and the step statistics.
  * Inputs are fresh each run; a failure prints DISTRO_TEST_SEED to replay. */
@@ -233,6 +233,28 @@ Test(reference_step, adamw_update_bf16_wire_v1) {
   sweep("adamw-update/bf16/wire-v1", o, 1e-3, 2, 3, 6);
 }
 
+/* The defaults as shipped (chunk 32, top-k 32, INT8 values with a scale a
+ * chunk, wire v2), for both updates: only the decays and moments the
+ * sweep needs to exercise are set. */
+static distro_options default_opts(int update) {
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.update = update;
+  o.weight_decay = 0.1f;
+  return o;
+}
+
+Test(reference_step, defaults_sign_int8_chunk32_topk32, .timeout = 120) {
+  distro_options o = default_opts(DISTRO_UPDATE_SIGN);
+  cr_assert(o.values == DISTRO_VALUES_INT8 && o.chunk == 32 && o.topk == 32);
+  sweep("defaults/sign/int8", o, 0.01, 1, 4, 4);
+}
+
+Test(reference_step, defaults_adamw_update_int8_chunk32_topk32, .timeout = 120) {
+  distro_options o = default_opts(DISTRO_UPDATE_ADAMW);
+  cr_assert(o.values == DISTRO_VALUES_INT8 && o.chunk == 32 && o.topk == 32);
+  sweep("defaults/adamw-update/int8", o, 1e-3, 1, 4, 4);
+}
+
 /* Psyche-like settings: smaller chunk target, few coefficients, 0.995. */
 Test(reference_step, sign_f32_chunk32_topk4, .timeout = 120) {
   distro_options o = demo_opts(DISTRO_UPDATE_SIGN, DISTRO_VALUES_F32);
@@ -375,7 +397,7 @@ Test(reference_step, zero_gradient_only_decays, .timeout = 60) {
 }
 
 /* Sanity of the reference itself: basis orthonormal, chunk rule examples
- * of ALGORITHMS.md, bf16 rounding. */
+ * of docs/algorithms.md, bf16 rounding. */
 Test(reference_step, reference_self_check) {
   static const int64_t n[] = {768, 96, 100, 50, 67, 50257, 32000, 64, 1, 128, 4096, 63};
   static const int want[] = {64, 48, 50, 50, 1, 29, 64, 64, 1, 64, 64, 63};

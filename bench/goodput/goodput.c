@@ -178,7 +178,7 @@ static const char *chips_name(long chips, char *buf, size_t n) {
 
 /* ---- the paper's table ------------------------------------------------- */
 
-/* Section 4 of ALGORITHMS.md; paper < 0: not published. Uptime: 100% once M >= 4. */
+/* Section 4 of docs/algorithms.md; paper < 0: not published. Uptime: 100% once M >= 4. */
 static const struct {
   long chips;
   int config;
@@ -255,7 +255,7 @@ static int write_plot(const char *dir, double mtbf_h, const long *chips, goodput
     fprintf(stderr, "goodput: cannot write %s\n", path);
     return 0;
   }
-  fprintf(f, "# chips goodput%% config-index (paper, ALGORITHMS.md section 4)\n");
+  fprintf(f, "# chips goodput%% config-index (paper, docs/algorithms.md section 4)\n");
   for (int i = 0; i < NPAPER; i++)
     if (PAPER[i].paper >= 0) fprintf(f, "%ld %.0f %d\n", PAPER[i].chips, PAPER[i].paper, PAPER[i].config);
   fclose(f);

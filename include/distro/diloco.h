@@ -1,4 +1,4 @@
-/* distro: DiLoCo outer loop (ALGORITHMS.md sections 2-4, docs/diloco.md).
+/* distro: DiLoCo outer loop (docs/algorithms.md sections 2-4, docs/diloco.md).
  *
  * M learners each train on their own data with an inner optimizer (any
  * distro_optim: the AdamW all-reduce baseline, DeMo or DisTrO-AdamW, over

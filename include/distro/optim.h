@@ -82,12 +82,10 @@ typedef struct distro_options {
                                   parameters are the agreed ones plus this
                                   rank's own provisional step, so the next
                                   gradient is taken close to where the
-                                  parameters are going (+1.1% loss against
-                                  the blocking step on the demo model, six
-                                  seeds; +2.6-3.9% at a 4.8x larger one).
-                                  STALE: the same without the provisional
-                                  step, as Psyche runs DeMo (+15-31%). See
-                                  "Overlap" below. */
+                                  parameters are going. STALE: the same
+                                  without the provisional step, as Psyche
+                                  runs DeMo. What each costs in loss:
+                                  docs/design.md, "Overlap". */
 } distro_options;
 
 /* Defaults, the same for every algorithm: lr 4e-4, beta 0.9/0.95, eps 1e-8,

@@ -17,8 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "train.h" /* optim_name, values_name */
-#include "util.h"
+#include "util.h" /* gpt_optim_kind, optim_name, values_name */
 
 _Static_assert(sizeof(real) == 4, "checkpoints hold float32 parameters");
 

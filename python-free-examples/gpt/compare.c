@@ -35,6 +35,9 @@ static const variant VARIANTS[] = {
      GPT_OPT_ADAMW, 4, 15, 1, DISTRO_OUTER_F32, 2.0f, 0.0f, DISTRO_OUTER_SPARSE, 0.02f, 0.9f, DISTRO_VALUES_INT2},
 };
 #define NVAR ((int)(sizeof VARIANTS / sizeof *VARIANTS))
+/* --compare runs the first NSWAP rows (does the swap work: adamw, distro,
+ * distro-adamw); --compare-all runs them all. */
+#define NSWAP 3
 
 const variant *tuned_variant(gpt_optim_kind k) {
   for (int i = 0; i < NVAR; i++)
@@ -155,17 +158,17 @@ static int plot(const char *path, const train_config *base, const train_result *
   return 0;
 }
 
-static int row(const char *const *names, const char *name) {
-  for (int i = 0; i < NVAR; i++)
+static int row(const char *const *names, int nrows, const char *name) {
+  for (int i = 0; i < nrows; i++)
     if (!strcmp(names[i], name)) return i;
   return -1;
 }
 
 /* The targets of issue 6, on the DiLoCo rows (skipped if settings given on
  * the command line made the rows incomparable). */
-static void diloco_targets(const train_result *res, const train_config *cfg, const char *const *names) {
-  const int a = row(names, "adamw"), f = row(names, "diloco-f32"), q = row(names, "diloco"),
-            p = row(names, "diloco-stream");
+static void diloco_targets(const train_result *res, const train_config *cfg, const char *const *names, int nrows) {
+  const int a = row(names, nrows, "adamw"), f = row(names, nrows, "diloco-f32"), q = row(names, nrows, "diloco"),
+            p = row(names, nrows, "diloco-stream");
   if (a < 0 || f < 0 || q < 0 || p < 0) return;
   const double gap = res[q].final_val / res[a].final_val - 1, fewer = res[a].sent_per_step / res[q].sent_per_step;
   printf("DiLoCo: %s (%d learners, H %d, %s outer gradients): val loss %+.2f%% vs adamw (target <= +3%%): %s;\n"
@@ -190,8 +193,9 @@ static void diloco_targets(const train_result *res, const train_config *cfg, con
 
 /* The target of issue 13: DisTrO-AdamW within 1% of the AdamW it replaces, at
  * that row's lr, with >= 50x fewer bytes. */
-static void distro_adamw_target(const train_result *res, const train_config *cfg, const char *const *names) {
-  const int a = row(names, "adamw"), d = row(names, "distro-adamw");
+static void distro_adamw_target(const train_result *res, const train_config *cfg, const char *const *names,
+                                int nrows) {
+  const int a = row(names, nrows, "adamw"), d = row(names, nrows, "distro-adamw");
   if (a < 0 || d < 0 || res[d].sent_per_step <= 0) return;
   const double gap = res[d].final_val / res[a].final_val - 1, fewer = res[a].sent_per_step / res[d].sent_per_step;
   printf("DisTrO-AdamW: %s at lr %g (adamw's: %g): val loss %+.2f%% vs adamw (target <= +1%%): %s; %.0fx fewer bytes\n"
@@ -203,8 +207,9 @@ static void distro_adamw_target(const train_result *res, const train_config *cfg
 /* The targets of issue 17: sparseloco against the diloco row (int4) and the
  * all-reduce. Outer bytes: both rows' learners have one rank, so their
  * bytes per step are all outer. */
-static void sparseloco_targets(const train_result *res, const train_config *cfg, const char *const *names) {
-  const int a = row(names, "adamw"), q = row(names, "diloco"), s = row(names, "sparseloco");
+static void sparseloco_targets(const train_result *res, const train_config *cfg, const char *const *names,
+                               int nrows) {
+  const int a = row(names, nrows, "adamw"), q = row(names, nrows, "diloco"), s = row(names, nrows, "sparseloco");
   if (a < 0 || q < 0 || s < 0 || res[s].sent_per_step <= 0) return;
   const double gap = res[s].final_val / res[q].final_val - 1, fewer = res[q].sent_per_step / res[s].sent_per_step,
                vs_ar = res[a].sent_per_step / res[s].sent_per_step;
@@ -216,9 +221,46 @@ static void sparseloco_targets(const train_result *res, const train_config *cfg,
          vs_ar >= 2000 ? "met" : "MISSED");
 }
 
+/* The table as data: one row per run, raw numbers (bytes, seconds), for
+ * python-free-examples/gpt/demo-report.sh. */
+static int write_tsv(const char *path, const train_config *base, const train_config *cfg, const train_result *res,
+                     const char *const *names, int nrows) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "gpt: cannot write '%s'\n", path);
+    return -1;
+  }
+  fprintf(f, "# gpt-train --compare: %d ranks x batch %d x context %d, %d steps, %zu parameters, seed %llu\n",
+          res[0].world, base->batch, base->model.context, base->steps, res[0].nparams,
+          (unsigned long long)base->seed);
+  fprintf(f, "row\toptimizer\tlr\tchunk\ttopk\tvalues\tlearners\tH\tfragments\touter\tval_loss\tsent_per_step\t"
+             "peak_sent\trecv_per_step\ttotal_sent\twall_s\tstep_s\toptim_s\texchange_s\n");
+  for (int i = 0; i < nrows; i++) {
+    const train_config *c = &cfg[i];
+    const train_result *r = &res[i];
+    const int dl = c->optim == GPT_OPT_DILOCO, dm = step_optim_kind(c) != GPT_OPT_ADAMW;
+    char outer[64] = "-";
+    if (dl && c->diloco.compressor == DISTRO_OUTER_SPARSE)
+      snprintf(outer, sizeof outer, "sparse-%s@%g%%", values_name(c->diloco.sparse_values), 100.0 * c->diloco.density);
+    else if (dl)
+      snprintf(outer, sizeof outer, "%s", outer_codec_name(c->diloco.codec));
+    fprintf(f, "%s\t%s\t%g\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%.4f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.6f\t%.6f\t%.6f\n", names[i],
+            optim_name(dl ? c->inner : c->optim), (double)c->lr, dm ? c->chunk : 0, dm ? c->topk : 0,
+            dm ? values_name(c->values) : "-", dl ? c->learners : 0, dl ? c->diloco.H : 0, dl ? c->diloco.fragments : 0,
+            outer, r->final_val, r->sent_per_step, r->peak_sent, r->recv_per_step, (double)r->total_sent, r->wall,
+            r->step_seconds, r->optim_seconds, r->exchange_seconds);
+  }
+  if (fclose(f) != 0) {
+    fprintf(stderr, "gpt: cannot write '%s'\n", path);
+    return -1;
+  }
+  return 0;
+}
+
 int compare_run(const train_config *base, const compare_overrides *ov, const gpt_corpus *data, distro_comm *comm,
-                const char *plot_path) {
+                const char *plot_path, const char *tsv_path, int all) {
   const int lead = !comm || distro_comm_rank(comm) == 0;
+  const int nrows = all ? NVAR : NSWAP;
   train_result *res = calloc(NVAR, sizeof *res);
   train_config cfg[NVAR];
   const char *names[NVAR];
@@ -228,7 +270,7 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
     return 1;
   }
   const double t0 = gpt_now();
-  for (int i = 0; i < NVAR; i++) {
+  for (int i = 0; i < nrows; i++) {
     const variant *v = &VARIANTS[i];
     train_config *c = &cfg[i];
     *c = *base;
@@ -304,7 +346,7 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
   printf("%-13s %7s %-17s %8s %8s %14s %10s %14s %11s %10s %6s %14s\n", "", "", "/decay; DiLoCo:", "(final)", "",
          "(mean)", "per rank", "", "(all ranks)", "all-reduce", "", "share of step");
   printf("%-13s %7s %-17s\n", "", "", "M/H/P/outer codec");
-  for (int i = 0; i < NVAR; i++) {
+  for (int i = 0; i < nrows; i++) {
     const train_result *r = &res[i];
     const double share = r->step_seconds > 0 ? r->optim_seconds / r->step_seconds : 0;
     const double own = r->step_seconds > 0 ? (r->optim_seconds - r->exchange_seconds) / r->step_seconds : 0;
@@ -332,29 +374,37 @@ int compare_run(const train_config *base, const compare_overrides *ov, const gpt
          "plus its outer work) / step time; in brackets without the inner collective, which with in-process ranks\n"
          "is mostly waiting for the slowest rank.\n");
 
+  if (tsv_path && write_tsv(tsv_path, base, cfg, res, names, nrows) != 0) {
+    free(res);
+    return 1;
+  }
+
   /* The targets of issue 3, checked on the best DisTrO variant. */
   int best = 1;
-  for (int i = 1; i < NVAR; i++)
+  for (int i = 1; i < nrows; i++)
     if (cfg[i].optim != GPT_OPT_DILOCO && res[i].final_val < res[best].final_val) best = i;
   const double gap = res[best].final_val / ref->final_val - 1;
   const double fewer = ref->sent_per_step / res[best].sent_per_step;
   double worst_share = 0;
-  for (int i = 0; i < NVAR; i++)
+  for (int i = 0; i < nrows; i++)
     if (res[i].step_seconds > 0 && res[i].optim_seconds / res[i].step_seconds > worst_share)
       worst_share = res[i].optim_seconds / res[i].step_seconds;
   printf("targets: best DisTrO variant %s: val loss %+.2f%% vs adamw (target <= +3%%): %s; %.0fx fewer bytes per step\n"
          "per rank than the fp32 all-reduce (target >= 50x): %s; optimizer share of step, worst variant %.1f%%\n"
          "(target <= 15%%): %s. Total time for the %d runs: %s.\n",
          names[best], 100 * gap, gap <= 0.03 ? "met" : "MISSED", fewer, fewer >= 50 ? "met" : "MISSED",
-         100 * worst_share, worst_share <= 0.15 ? "met" : "MISSED", NVAR, fmt_duration(d1, sizeof d1, total));
-  distro_adamw_target(res, cfg, names);
-  diloco_targets(res, cfg, names);
-  sparseloco_targets(res, cfg, names);
+         100 * worst_share, worst_share <= 0.15 ? "met" : "MISSED", nrows, fmt_duration(d1, sizeof d1, total));
+  distro_adamw_target(res, cfg, names, nrows);
+  diloco_targets(res, cfg, names, nrows);
+  sparseloco_targets(res, cfg, names, nrows);
+  if (!all)
+    printf("(the rows of the three optimizers a user swaps between; --compare-all adds distro-ref, the DiLoCo rows\n"
+           "and sparseloco)\n");
   fflush(stdout);
 
   int rc = 0;
   if (plot_path) {
-    if (plot(plot_path, base, res, names, NVAR) == 0)
+    if (plot(plot_path, base, res, names, nrows) == 0)
       printf("plot: %s\n", plot_path);
     else
       rc = 2;

@@ -13,11 +13,13 @@ typedef struct {
   int density, ef_beta, sparse_values; /* SparseLoCo */
 } compare_overrides;
 
-/* Runs every variant with `base` (steps, batch, model, seed, ...). Rank 0
- * prints the table and, with plot_path, renders it with gnuplot. Returns 0,
- * 1 if a run failed, 2 if only the plot could not be made. */
+/* Runs the variants with `base` (steps, batch, model, seed, ...): adamw,
+ * distro and distro-adamw, or with `all` every row. Rank 0 prints the table
+ * (and with tsv_path writes it as data) and, with plot_path, renders it with
+ * gnuplot. Returns 0, 1 if a run
+ * failed, 2 if only the plot could not be made. */
 int compare_run(const train_config *base, const compare_overrides *ov, const gpt_corpus *data, distro_comm *comm,
-                const char *plot_path);
+                const char *plot_path, const char *tsv_path, int all);
 
 /* A row of the comparison: an optimizer with its tuned settings. */
 typedef struct {

@@ -139,13 +139,15 @@ static void usage(FILE *f) {
 "  --checksum          print a checksum of the final parameters\n"
 "  --quiet             no progress lines\n"
 "comparison\n"
-"  --compare           run the rows above (adamw, distro, distro-adamw, distro-ref: DeMo's\n"
-"                      reference setting, the DiLoCo rows diloco-f32, diloco and\n"
-"                      diloco-stream, and sparseloco) on the same data, seed and tokens\n"
-"                      and print a table;\n"
+"  --compare           run the rows adamw, distro and distro-adamw on the same data, seed\n"
+"                      and tokens and print a table (make demo);\n"
+"  --compare-all       the same with every row above: also distro-ref (DeMo's reference\n"
+"                      setting), the DiLoCo rows diloco-f32, diloco and diloco-stream,\n"
+"                      and sparseloco (make demo-full);\n"
 "                      settings you give apply to every row they concern. The DiLoCo\n"
 "                      rows split the baseline's ranks x batch over their learners.\n"
 "  --plot FILE.png     with --compare: plot validation loss and bytes with gnuplot\n"
+"  --tsv FILE.tsv      with --compare: the table as data (demo-report.sh prints it)\n"
 "  --help              this text\n",
           GPT_FORTUNES_DIR, defaults);
 }
@@ -217,7 +219,7 @@ int main(int argc, char **argv) {
   c.print_every = 10;
   compare_overrides ov = {0};
   int compare = 0, mpi = 0;
-  const char *plot_path = NULL;
+  const char *plot_path = NULL, *tsv_path = NULL;
 
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -229,6 +231,7 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--untied")) { c.model.tied = 0; continue; }
     if (!strcmp(a, "--mpi")) { mpi = 1; continue; }
     if (!strcmp(a, "--compare")) { compare = 1; continue; }
+    if (!strcmp(a, "--compare-all")) { compare = 2; continue; }
     if (!strcmp(a, "--checksum")) { c.print_checksum = 1; continue; }
     if (!strcmp(a, "--quiet")) { c.quiet = 1; continue; }
     if (!strcmp(a, "--progress-thread")) { c.diloco.progress_thread = 1; diloco_flags = 1; continue; }
@@ -240,7 +243,7 @@ int main(int argc, char **argv) {
         "--lr-final", "--warmup",   "--clip",       "--wd",          "--beta1",   "--beta2",      "--topk",
         "--chunk",  "--decay",      "--values",     "--steps",       "--batch",   "--seed",       "--ranks",
         "--threads", "--eval-every", "--eval-batches", "--print-every", "--log",   "--save",       "--save-every",
-        "--resume", "--stop-after", "--plot",      "--inner",    "--learners", "--ranks-per-learner",
+        "--resume", "--stop-after", "--plot", "--tsv", "--inner",    "--learners", "--ranks-per-learner",
         "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
         "--outer-codec", "--outer-block", "--merge", "--syncer", "--learner-id", "--step-delay-ms", "--time-limit",
         "--start-step", "--density", "--sparse-chunk", "--dct", "--ef-beta", "--sparse-values",
@@ -363,6 +366,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--resume")) c.resume_path = v;
     else if (!strcmp(a, "--stop-after")) rc = parse_int(a, v, 1, &c.stop_after);
     else if (!strcmp(a, "--plot")) plot_path = v;
+    else if (!strcmp(a, "--tsv")) tsv_path = v;
     else if (!strcmp(a, "--syncer")) { c.syncer = v; decoupled_flags = 1; }
     else if (!strcmp(a, "--serve-endpoint")) { c.serve_endpoint = v; decoupled_flags = 1; }
     else if (!strcmp(a, "--curve-server-key")) { c.curve_server_key = v; decoupled_flags = 1; }
@@ -401,6 +405,7 @@ int main(int argc, char **argv) {
   if (c.beta1 >= 1 || c.beta2 >= 1) return bad("--beta1 and --beta2 must be < 1%s%s", "", "");
   if (c.ranks > 256) return bad("--ranks must be <= 256%s%s", "", "");
   if (plot_path && !compare) return bad("--plot needs --compare%s%s", "", "");
+  if (tsv_path && !compare) return bad("--tsv needs --compare%s%s", "", "");
   if (compare && (c.save_path || c.resume_path || c.stop_after))
     return bad("--compare does not take --save, --resume or --stop-after%s%s", "", "");
   if (c.stop_after && !c.save_path)
@@ -515,7 +520,7 @@ int main(int argc, char **argv) {
       fflush(stdout);
     }
     if (compare) {
-      rc = compare_run(&c, &ov, &data, comm, plot_path);
+      rc = compare_run(&c, &ov, &data, comm, plot_path, tsv_path, compare == 2);
     } else {
       train_result res;
       if (lead && !c.quiet) {

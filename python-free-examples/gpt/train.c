@@ -19,60 +19,6 @@
 
 #define PI 3.14159265358979323846
 
-const char *optim_name(gpt_optim_kind k) {
-  switch (k) {
-    case GPT_OPT_ADAMW: return "adamw";
-    case GPT_OPT_DISTRO: return "distro";
-    case GPT_OPT_DISTRO_ADAMW: return "distro-adamw";
-    case GPT_OPT_DILOCO: return "diloco";
-    case GPT_OPT_DECOUPLED: return "decoupled";
-  }
-  return "?";
-}
-
-const char *values_name(distro_values v) {
-  switch (v) {
-    case DISTRO_VALUES_F32: return "f32";
-    case DISTRO_VALUES_BF16: return "bf16";
-    case DISTRO_VALUES_SIGN1: return "sign1";
-    case DISTRO_VALUES_INT8: return "int8";
-    case DISTRO_VALUES_INT4: return "int4";
-    case DISTRO_VALUES_INT2: return "int2";
-  }
-  return "?";
-}
-
-const char *outer_codec_name(distro_outer_codec k) {
-  switch (k) {
-    case DISTRO_OUTER_F32: return "f32";
-    case DISTRO_OUTER_BF16: return "bf16";
-    case DISTRO_OUTER_INT8: return "int8";
-    case DISTRO_OUTER_INT4: return "int4";
-    case DISTRO_OUTER_FP4: return "fp4";
-  }
-  return "?";
-}
-
-const char *merge_name(distro_merge k) {
-  switch (k) {
-    case DISTRO_MERGE_MEAN: return "mean";
-    case DISTRO_MERGE_TOKENS: return "tokens";
-    case DISTRO_MERGE_RADIAL: return "radial";
-    case DISTRO_MERGE_RADIAL_TOKENS: return "radial-tokens";
-  }
-  return "?";
-}
-
-const char *outer_gradients_desc(const distro_diloco_options *o, char *buf, size_t n) {
-  if (o->compressor != DISTRO_OUTER_SPARSE)
-    snprintf(buf, n, "%s outer gradients", outer_codec_name(o->codec));
-  else
-    snprintf(buf, n, "sparse %s outer gradients (%g%% of each %dx%d chunk%s, error feedback beta %g)",
-             values_name(o->sparse_values), 100.0 * o->density, o->sparse_chunk, o->sparse_chunk,
-             o->sparse_dct ? " of the DCT" : "", (double)o->ef_beta);
-  return buf;
-}
-
 typedef struct {
   const train_config *cfg;
   const gpt_corpus *data;

@@ -9,22 +9,7 @@
 
 #include "data.h"
 #include "model.h"
-
-typedef enum {
-  GPT_OPT_ADAMW,        /* baseline: gradient all-reduce + AdamW (DISTRO_ALG_ADAMW) */
-  GPT_OPT_DISTRO,       /* DeMo: DCT + top-k momentum exchange, sign update */
-  GPT_OPT_DISTRO_ADAMW, /* DisTrO-AdamW: the same exchange feeding AdamW */
-  GPT_OPT_DILOCO,       /* DiLoCo: learners with one of the above inside, outer Nesterov step */
-  GPT_OPT_DECOUPLED     /* Decoupled DiLoCo: this process is one learner of a job run by distro-syncer */
-} gpt_optim_kind;
-
-const char *optim_name(gpt_optim_kind k);
-const char *values_name(distro_values v);
-const char *outer_codec_name(distro_outer_codec k);
-const char *merge_name(distro_merge k);
-/* "int4 outer gradients", or for sparse ones "sparse int2 outer gradients
- * (2% of each 64x64 chunk, error feedback beta 0.95)"; returns buf. */
-const char *outer_gradients_desc(const distro_diloco_options *o, char *buf, size_t n);
+#include "util.h" /* gpt_optim_kind and the option names */
 
 typedef struct {
   gpt_config model;

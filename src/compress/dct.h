@@ -21,7 +21,7 @@ typedef enum {
 } distro__dct_method;
 
 /* One-dimensional orthonormal DCT-II of length n as `levels` even/odd
- * splits down to a dense base (ALGORITHMS.md's F, factored):
+ * splits down to a dense base (docs/algorithms.md's F, factored):
  *   DCT_n x = (1/sqrt2) [ DCT_{n/2} (x_lo + rev x_hi) ; DCT-IV_{n/2} (x_lo - rev x_hi) ]
  * with the even half recursing and the DCT-IV half a dense product. The
  * 1/sqrt2 factors are folded into the stored matrices. */

@@ -49,19 +49,13 @@ int64_t distro__sparse_layout(distro__sparse_section *s, int n) {
   return sel;
 }
 
-static uint64_t value_bound(distro_values v, int64_t nchunks, int64_t k) {
-  int param;
-  if (v == DISTRO_VALUES_BF16) return 2 * (uint64_t)(nchunks * k); /* raw words when smaller */
-  return distro__val_plan(v, NULL, nchunks, k, &param);             /* data-independent */
-}
-
 static uint64_t index_bound(const distro__tiling *t) {
   return (uint64_t)(t->nchunks * t->k) * (uint64_t)distro__wire_index_width(t->chunk_elems);
 }
 
 uint64_t distro__sparse_bound(const distro__sparse_section *s, int n, distro_values v) {
   uint64_t total = DISTRO__SPARSE_HEADER + (uint64_t)n * DISTRO__SPARSE_DESC + 4;
-  for (int i = 0; i < n; i++) total += index_bound(&s[i].t) + value_bound(v, s[i].t.nchunks, s[i].t.k);
+  for (int i = 0; i < n; i++) total += index_bound(&s[i].t) + distro__val_bound(v, s[i].t.nchunks, s[i].t.k);
   return total;
 }
 

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "compress/bits.h"
-#include "compress/wire.h"
+#include "compress/frame.h"
 
 /* bf16 fields: sign 1, exponent 8, mantissa 7. */
 static inline int bf16_exp(uint16_t b) { return (b >> 7) & 0xff; }
@@ -62,15 +62,28 @@ static uint64_t bf16_bits(const float *val, int64_t nchunks, int64_t k, int b) {
   return bits;
 }
 
-size_t distro__val_plan(distro_values v, const float *val, int64_t nchunks, int64_t k, int *param) {
+size_t distro__val_bound(distro_values v, int64_t nchunks, int64_t k) {
   const uint64_t count = (uint64_t)nchunks * (uint64_t)k;
-  *param = 0;
   switch (v) {
     case DISTRO_VALUES_F32: return 4 * count;
+    case DISTRO_VALUES_BF16: return 2 * count; /* plain words, when the exponent code is larger */
     case DISTRO_VALUES_SIGN1: return (count + 7) / 8;
     case DISTRO_VALUES_INT8: return (uint64_t)nchunks * 2 + count;
     case DISTRO_VALUES_INT4: return (uint64_t)nchunks * 2 + (count + 1) / 2;
     case DISTRO_VALUES_INT2: return (uint64_t)nchunks * 2 + (count + 3) / 4;
+  }
+  return 0;
+}
+
+size_t distro__val_plan(distro_values v, const float *val, int64_t nchunks, int64_t k, int *param) {
+  const uint64_t count = (uint64_t)nchunks * (uint64_t)k;
+  *param = 0;
+  switch (v) {
+    case DISTRO_VALUES_F32:
+    case DISTRO_VALUES_SIGN1:
+    case DISTRO_VALUES_INT8:
+    case DISTRO_VALUES_INT4:
+    case DISTRO_VALUES_INT2: return distro__val_bound(v, nchunks, k); /* the size is fixed */
     case DISTRO_VALUES_BF16: {
       /* Plain 16-bit words (param 15) unless the exponent code is smaller. */
       uint64_t best = 16 * count;

@@ -22,6 +22,9 @@
 /* BF16 parameter for plain 16-bit words (when the exponent code is larger). */
 #define DISTRO__BF16_RAW 15
 
+/* The largest value section of nchunks x k values (the exact size for
+ * every codec but BF16, whose coded size depends on the data). */
+size_t distro__val_bound(distro_values v, int64_t nchunks, int64_t k);
 /* Bytes the section will take and the codec parameter (BF16's Rice b). */
 size_t distro__val_plan(distro_values v, const float *val, int64_t nchunks, int64_t k, int *param);
 /* Returns bytes written, 0 if cap was too small. */

@@ -12,12 +12,10 @@
 #include <stdint.h>
 #include <distro/optim.h>
 #include "compress/chunk.h"
+#include "compress/frame.h"
 
-#define DISTRO__WIRE_MAGIC 0x4f525444u /* "DTRO" */
 #define DISTRO__WIRE_VERSION 1
-#define DISTRO__WIRE_HEADER 40
 #define DISTRO__WIRE_DESC 24
-#define DISTRO__WIRE_FLAG_ABORT 1u  /* sender could not step; no data */
 
 /* Byte offsets of each tensor's sections, fixed by the tensor list. */
 typedef struct distro__wire_layout {
@@ -31,9 +29,8 @@ typedef struct distro__wire_layout {
 distro_status distro__wire_layout_init(distro__wire_layout *l, const distro__tiling *t, int n, distro_values v);
 void distro__wire_layout_destroy(distro__wire_layout *l);
 
-/* Bytes of a value section / index width for one tensor. */
+/* Bytes of a value section for one tensor. */
 size_t distro__wire_value_bytes(distro_values v, int64_t count);
-int distro__wire_index_width(int64_t chunk_elems);
 
 /* Writes header and descriptors (flags, sender, step, abort status/tensor). */
 void distro__wire_write_header(uint8_t *buf, const distro__wire_layout *l, const distro__tiling *t, uint32_t flags,
@@ -53,9 +50,6 @@ distro_status distro__wire_validate(const uint8_t *buf, size_t size, const distr
                                     const distro__tiling *t, int peer, int *aborted, uint32_t *abort_status,
                                     uint32_t *abort_tensor);
 
-/* Sender rank and step stamped in the header. */
-void distro__wire_read_origin(const uint8_t *buf, uint32_t *sender, uint64_t *step);
-
 /* Decoding helpers for a validated payload. */
 static inline uint32_t distro__wire_index(const uint8_t *sec, int width, int64_t j) {
   if (width == 1) return sec[j];
@@ -64,22 +58,5 @@ static inline uint32_t distro__wire_index(const uint8_t *sec, int width, int64_t
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 float distro__wire_value(const uint8_t *sec, distro_values v, int64_t j);
-
-/* The 40-byte header both wire versions share (docs/wire-format.md). */
-void distro__wire_put_header(uint8_t *buf, unsigned version, distro_values v, uint32_t flags, int ntensors,
-                             uint32_t sender, uint64_t step, uint64_t total, uint32_t abort_status,
-                             uint32_t abort_tensor);
-
-/* The checks wire v1 and v2 share, in order: magic, version, CRC32C over
- * all but the trailer, values codec, tensor count and total size (= size),
- * flags, abort fields. An abort payload sets *aborted and its fields. The
- * caller has checked that size covers the header and trailer. */
-distro_status distro__wire_check_header(const uint8_t *buf, size_t size, unsigned version, distro_values v, int ntensors,
-                                        int peer, int *aborted, uint32_t *abort_status, uint32_t *abort_tensor);
-
-/* float <-> bf16 bits, round to nearest even; a finite value saturates at
- * the largest finite bf16 instead of rounding to Inf. */
-uint16_t distro__bf16_from_float(float x);
-float distro__bf16_to_float(uint16_t b);
 
 #endif

@@ -10,7 +10,7 @@
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "compress/value_codec.h"
-#include "compress/wire.h"
+#include "compress/frame.h"
 
 
 /* Header and descriptors. */
@@ -19,26 +19,13 @@ static size_t head_bytes(int n) {
 }
 static size_t desc_at(int i) { return DISTRO__WIRE_HEADER + (size_t)i * DISTRO__WIRE2_DESC; }
 
-static size_t value_bound(distro_values v, int64_t nchunks, int64_t k) {
-  const size_t count = (size_t)(nchunks * k);
-  switch (v) {
-    case DISTRO_VALUES_F32: return 4 * count;
-    case DISTRO_VALUES_BF16: return 2 * count; /* raw words when the exponent code is larger */
-    case DISTRO_VALUES_SIGN1: return (count + 7) / 8;
-    case DISTRO_VALUES_INT8: return 2 * (size_t)nchunks + count;
-    case DISTRO_VALUES_INT4: return 2 * (size_t)nchunks + (count + 1) / 2;
-    case DISTRO_VALUES_INT2: return 2 * (size_t)nchunks + (count + 3) / 4;
-  }
-  return 0;
-}
-
 size_t distro__wire2_bound(const distro__wire2_tensor *ts, int n, distro_values v) {
   size_t total = head_bytes(n) + 4;
   for (int i = 0; i < n; i++) {
     const distro__tiling *t = &ts[i].t;
     /* The chooser never picks more than the fixed-width layout. */
     total += (size_t)(t->nchunks * t->k) * (size_t)distro__wire_index_width(t->chunk_elems);
-    total += value_bound(v, t->nchunks, t->k);
+    total += distro__val_bound(v, t->nchunks, t->k);
   }
   return total;
 }
@@ -133,10 +120,11 @@ distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro
   }
   if (off != size - 4)
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: sections do not fill the payload", peer);
-  /* Decode every tensor; report the first failure by tensor order. */
+  /* Decode every tensor; report the first failure by tensor order, from
+   * the codes its decoders returned (no second decode). */
   int first_bad = n;
-  int64_t bad_code = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(min : first_bad)
+  int64_t bad_idx = 0;
+#pragma omp parallel for schedule(dynamic, 1)
   for (int i = 0; i < n; i++) {
     size_t at = head_bytes(n);
     for (int j = 0; j < i; j++) {
@@ -150,29 +138,22 @@ distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro
                                    d[13], idx[i]);
     int rv = r == 0 ? distro__val_decode(v, d[14], buf + at + ib, vb, t->nchunks, t->k, val[i]) : 0;
     if (r != 0 || rv != 0) {
-      if (i < first_bad) first_bad = i;
+#pragma omp critical(distro_wire2_fault)
+      if (i < first_bad) {
+        first_bad = i;
+        bad_idx = r;
+      }
     }
   }
   if (first_bad < n) {
-    /* Re-run the failing tensor's decoders serially to describe the fault. */
-    int i = first_bad;
-    size_t at = head_bytes(n);
-    for (int j = 0; j < i; j++) {
-      const uint8_t *dj = buf + desc_at(j);
-      at += distro__get_u64(dj + 24) + distro__get_u64(dj + 32);
-    }
-    const uint8_t *d = buf + desc_at(i);
-    const distro__tiling *t = &ts[i].t;
-    const size_t ib = distro__get_u64(d + 24);
-    bad_code = distro__idx_decode(buf + at, ib, t->nchunks, t->k, t->chunk_elems, ts[i].et, (distro__idx_codec)d[12],
-                                  d[13], idx[i]);
-    if (bad_code == INT64_MIN)
+    const int i = first_bad;
+    if (bad_idx == INT64_MIN)
       return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: malformed index section (codec %u)",
-                          peer, i, d[12]);
-    if (bad_code < 0)
+                          peer, i, buf[desc_at(i) + 12]);
+    if (bad_idx < 0)
       return distro__fail(DISTRO_ERR_PAYLOAD,
                           "payload from rank %d: tensor %d chunk %lld: index out of range or order", peer, i,
-                          (long long)(-bad_code - 1));
+                          (long long)(-bad_idx - 1));
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: malformed or non-finite values", peer, i);
   }
   return DISTRO_OK;

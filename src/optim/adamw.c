@@ -53,6 +53,19 @@ static int copy_check(float *restrict dst, const float *restrict src, int64_t n)
   return bad != 0;
 }
 
+/* Index of the first tensor with a non-finite gradient, or -1. */
+static int first_nonfinite_grad(const distro_optim *o) {
+  for (int i = 0; i < o->nparams; i++) {
+    const float *g = o->params[i].grad;
+    const int64_t n = o->params[i].numel;
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+    for (int64_t j = 0; j < n; j++) bad |= !isfinite(g[j]);
+    if (bad) return i;
+  }
+  return -1;
+}
+
 distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s) {
   distro_status st = DISTRO_OK;
   distro_comm *comm = o->comm;
@@ -61,7 +74,7 @@ distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s
   double t1;
   if (world == 1) {
     /* Nothing to exchange: check the gradients, then update from them. */
-    int bad = distro__first_nonfinite_grad(o);
+    int bad = first_nonfinite_grad(o);
     if (bad >= 0)
       DISTRO_FAIL(DISTRO_ERR_NONFINITE, "non-finite gradient in tensor '%s'; nothing was applied", o->params[bad].name);
     t1 = distro__now();

@@ -1,4 +1,4 @@
-/* The DeMo step (ALGORITHMS.md section 1), momentum kept in the DCT domain,
+/* The DeMo step (docs/algorithms.md section 1), momentum kept in the DCT domain,
  * one tile at a time.
  *
  * The transform is orthonormal, so decay*DCT(d) + s*DCT(g) = DCT(decay*d +

@@ -405,8 +405,13 @@ distro_status distro__diloco_outer_step(distro_diloco *d, int p) {
  * and momentum (sparse: and its error feedback), and those only after every
  * check passed. */
 static distro_status exchange_run(distro_diloco *d) {
-  if (d->opt.compressor == DISTRO_OUTER_SPARSE) return distro__sparse_exchange(d);
   distro_status st = DISTRO_OK;
+  if (d->opt.compressor == DISTRO_OUTER_SPARSE) {
+    DISTRO_CHECK(distro__sparse_exchange(d));
+    DISTRO_CHECK(distro__diloco_outer_step(d, d->x_frag));
+    distro__sparse_commit(d);
+    return DISTRO_OK;
+  }
   const int p = d->x_frag, M = d->M;
   const size_t bytes = d->payload[p];
   const distro__fragments *f = &d->frags;

@@ -7,14 +7,9 @@
 #include "comm/comm_internal.h"
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "common/fnv.h"
 #include "optim/diloco_internal.h"
 #include "optim/optim_internal.h"
-
-static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
-  const uint8_t *p = data;
-  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
-  return h;
-}
 
 static uint64_t options_hash(const distro_diloco *d) {
   const distro_diloco_options *o = &d->opt;
@@ -32,18 +27,18 @@ static uint64_t options_hash(const distro_diloco *d) {
   f[11] = m;
   f[13] = dn;
   f[16] = b;
-  return fnv1a(0xcbf29ce484222325ULL, f, sizeof f);
+  return distro__fnv1a(DISTRO__FNV1A_INIT, f, sizeof f);
 }
 
 static uint64_t list_hash(const distro_diloco *d) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+  uint64_t h = DISTRO__FNV1A_INIT;
   for (int i = 0; i < d->nt; i++) {
     const distro__param *p = &d->inner->params[i];
-    h = fnv1a(h, p->name, strlen(p->name) + 1);
-    h = fnv1a(h, &p->ndim, sizeof p->ndim);
-    h = fnv1a(h, p->shape, sizeof(int64_t) * (size_t)p->ndim);
-    h = fnv1a(h, &d->layer[i], sizeof d->layer[i]);
-    h = fnv1a(h, &d->tflags[i], sizeof d->tflags[i]);
+    h = distro__fnv1a(h, p->name, strlen(p->name) + 1);
+    h = distro__fnv1a(h, &p->ndim, sizeof p->ndim);
+    h = distro__fnv1a(h, p->shape, sizeof(int64_t) * (size_t)p->ndim);
+    h = distro__fnv1a(h, &d->layer[i], sizeof d->layer[i]);
+    h = distro__fnv1a(h, &d->tflags[i], sizeof d->tflags[i]);
   }
   return h;
 }

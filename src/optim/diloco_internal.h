@@ -113,9 +113,11 @@ void distro__sparse_free(distro_diloco *d); /* idempotent */
 /* Error feedback and selection of fragment p from delta (finite unless
  * `bad`), encoded into d->send; returns its size. */
 size_t distro__sparse_send(distro_diloco *d, int p, const float *delta, int bad, uint64_t tokens);
-/* The exchange of d->x_frag: all-gather, validate, merge, outer step, and
- * this learner's error feedback. */
+/* The exchange of d->x_frag: all-gather, validate and merge into d->acc;
+ * changes no state. After the outer step succeeded, commit takes what this
+ * learner sent (as everyone decoded it) out of its error feedback. */
 distro_status distro__sparse_exchange(distro_diloco *d);
+void distro__sparse_commit(distro_diloco *d);
 
 /* The agreement (diloco_agree.c): collective over the inner comm, then the
  * outer comm; every rank takes part carrying its local failure, and all

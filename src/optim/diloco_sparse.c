@@ -273,7 +273,15 @@ distro_status distro__sparse_exchange(distro_diloco *d) {
   sparse_source ss = {d, p};
   const distro__outer_source src = {&ss, sparse_accumulate, sparse_norm};
   distro__outer_merge(&d->frags, d->piece_elem, d->tflags, p, d->opt.merge, M, d->w, &src, d->acc, d->coef, d->nrm);
-  DISTRO_CHECK(distro__diloco_outer_step(d, p));
+  return DISTRO_OK;
+fail:
+  return st;
+}
+
+void distro__sparse_commit(distro_diloco *d) {
+  const int p = d->x_frag, M = d->M;
+  const distro__sparse_section *s = d->sec + d->sec_start[p];
+  const int n = d->sec_start[p + 1] - d->sec_start[p];
   /* What this learner sent, as everyone decoded it, leaves its e. */
   const size_t mine = (size_t)d->learner * (size_t)d->max_sel;
   for (int i = 0; i < n; i++) {
@@ -292,7 +300,4 @@ distro_status distro__sparse_exchange(distro_diloco *d) {
   for (int r = 0; r < M; r++)
     if (r != d->learner) others += d->sizes[r];
   d->x_recv_bytes = others;
-  return DISTRO_OK;
-fail:
-  return st;
 }

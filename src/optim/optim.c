@@ -6,17 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm/comm_internal.h"
 #include "common/error.h"
+#include "common/fnv.h"
 #include "optim/optim_internal.h"
-
-double distro__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 distro_status distro_optim_create(const distro_options *opt, distro_comm *comm, distro_optim **out) {
   if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_create: out is NULL");
@@ -237,17 +231,11 @@ fail:
 
 /* ---- tensor-list agreement ------------------------------------------------ */
 
-static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
-  const uint8_t *p = data;
-  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
-  return h;
-}
-
 static uint64_t param_hash(const distro__param *p) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  h = fnv1a(h, p->name, strlen(p->name) + 1);
-  h = fnv1a(h, &p->ndim, sizeof p->ndim);
-  return fnv1a(h, p->shape, sizeof(int64_t) * (size_t)p->ndim);
+  uint64_t h = DISTRO__FNV1A_INIT;
+  h = distro__fnv1a(h, p->name, strlen(p->name) + 1);
+  h = distro__fnv1a(h, &p->ndim, sizeof p->ndim);
+  return distro__fnv1a(h, p->shape, sizeof(int64_t) * (size_t)p->ndim);
 }
 
 typedef struct {
@@ -257,15 +245,15 @@ typedef struct {
 distro_status distro__optim_verify(distro_optim *o, int local_ok) {
   distro_status st = DISTRO_OK;
   const int world = o->comm->size, rank = o->comm->rank;
-  signature mine = {(uint64_t)(local_ok != 0), (uint64_t)o->nparams, 0xcbf29ce484222325ULL, 0xcbf29ce484222325ULL}, *all = NULL;
+  signature mine = {(uint64_t)(local_ok != 0), (uint64_t)o->nparams, DISTRO__FNV1A_INIT, DISTRO__FNV1A_INIT}, *all = NULL;
   uint64_t *hashes = NULL, *all_hashes = NULL;
   int32_t fields[7] = {(int32_t)o->opt.algorithm, (int32_t)o->opt.update, (int32_t)o->opt.values, o->opt.chunk,
                        o->opt.topk, o->opt.wire_version, o->opt.overlap};
   if (o->opt.algorithm == DISTRO_ALG_ADAMW) fields[1] = fields[2] = fields[3] = fields[4] = fields[5] = fields[6] = 0;
-  mine.options_hash = fnv1a(mine.options_hash, fields, sizeof fields);
+  mine.options_hash = distro__fnv1a(mine.options_hash, fields, sizeof fields);
   for (int i = 0; i < o->nparams; i++) {
     uint64_t h = param_hash(&o->params[i]);
-    mine.list_hash = fnv1a(mine.list_hash, &h, sizeof h);
+    mine.list_hash = distro__fnv1a(mine.list_hash, &h, sizeof h);
   }
   all = malloc(sizeof *all * (size_t)world);
   if (!all) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
@@ -306,18 +294,6 @@ fail:
   free(hashes);
   free(all_hashes);
   return st;
-}
-
-int distro__first_nonfinite_grad(const distro_optim *o) {
-  for (int i = 0; i < o->nparams; i++) {
-    const float *g = o->params[i].grad;
-    const int64_t n = o->params[i].numel;
-    int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static)
-    for (int64_t j = 0; j < n; j++) bad |= !isfinite(g[j]);
-    if (bad) return i;
-  }
-  return -1;
 }
 
 distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *stats) {
@@ -389,7 +365,6 @@ distro_status distro_payload_bytes(const distro_options *opt, int n, const int *
                                    uint64_t *bytes) {
   distro_status st = DISTRO_OK;
   distro__tiling *t = NULL;
-  distro__wire_layout l = {0};
   DISTRO__NONNULL("distro_payload_bytes", opt);
   DISTRO__NONNULL("distro_payload_bytes", bytes);
   DISTRO__NONNULL("distro_payload_bytes", ndims);
@@ -409,18 +384,10 @@ distro_status distro_payload_bytes(const distro_options *opt, int n, const int *
   t = malloc(sizeof *t * (size_t)n);
   if (!t) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   for (int i = 0; i < n; i++) DISTRO_CHECK(distro__tiling_init(&t[i], ndims[i], shapes[i], opt->chunk, opt->topk));
-  if (opt->wire_version == 1) {
-    DISTRO_CHECK(distro__wire_layout_init(&l, t, n, opt->values));
-    *bytes = l.total;
-  } else {
-    distro__wire2_tensor *w2 = calloc((size_t)n, sizeof *w2);
-    if (!w2) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) w2[i].t = t[i];
-    *bytes = distro__wire2_bound(w2, n, opt->values);
-    free(w2);
-  }
+  const distro__payload_format *f = distro__payload_format_of(opt->wire_version);
+  if (!f) DISTRO_FAIL(DISTRO_ERR_INVALID, "wire_version %d is not known", opt->wire_version);
+  DISTRO_CHECK(f->bound(t, n, opt->values, bytes));
 fail:
-  distro__wire_layout_destroy(&l);
   free(t);
   return st;
 }

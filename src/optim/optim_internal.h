@@ -1,4 +1,6 @@
-/* Internal: optimizer state shared by the DeMo and AdamW step files. */
+/* Internal: the functions the optimizer's files share (the DeMo and AdamW
+ * steps, the payload exchange, overlap, state files); the state itself is in
+ * optim_state.h. */
 #ifndef DISTRO_OPTIM_INTERNAL_H
 #define DISTRO_OPTIM_INTERNAL_H
 
@@ -6,95 +8,8 @@
 #include <distro/optim.h>
 
 #include "common/atomic_file.h"
-#include "compress/chunk.h"
-#include "compress/dct.h"
-#include "compress/wire.h"
-#include "compress/wire2.h"
-
-#define DISTRO__MAX_NDIM 8
-
-
-typedef struct {
-  double transform, select, decode;
-} distro__tile_clock;
-
-/* Where one payload exchange lands: payload.c writes it, the apply phase
- * reads the optimizer's own set. The blocking step exchanges into that set;
- * the overlapped one into a second set (overlap.c), swapped in when the
- * exchange has completed. */
-typedef struct distro__xset {
-  uint8_t *recv;        /* world slots of `slot` bytes */
-  size_t *sizes;        /* per rank: received payload bytes */
-  uint32_t *dec_idx;    /* world x total_sel decoded indices */
-  float *dec_val;       /* world x total_sel decoded values */
-  uint8_t *dropped;     /* per rank: payload skipped */
-  uint32_t **idx_ptrs;  /* per tensor, for the codec API */
-  float **val_ptrs;
-} distro__xset;
-
-typedef struct distro__overlap distro__overlap;
-
-typedef struct distro__param {
-  char *name;
-  float *param;
-  const float *grad;
-  int ndim;
-  int64_t shape[DISTRO__MAX_NDIM];
-  int64_t numel;
-  distro__tiling tiling;
-  distro__dct_plan plan;
-  float *mom, *mom_next; /* DeMo momentum in the DCT domain; next is staged until commit.
-                            On the CPU stored tile by tile: tile c's h x w coefficients
-                            are contiguous at c*h*w (row-major inside the tile), so the
-                            step streams it instead of striding a tensor row per tile
-                            row; the state file keeps the tensor's layout (state_io.c). */
-  float *m, *v;          /* AdamW moments (DisTrO-AdamW: v only, of this rank's own gradient) */
-  float *v_next;         /* DisTrO-AdamW with overlap: v staged by the compress
-                            phase until the step commits (the gradient is gone
-                            by then); NULL otherwise */
-  uint32_t *idx;         /* this step's selection (DeMo) */
-  float *val;
-  float *base;           /* look-ahead overlap: the agreed parameters (equal on
-                            every rank); the caller's buffer holds them plus
-                            this rank's provisional step. NULL otherwise */
-} distro__param;
-
-struct distro_optim {
-  distro_options opt;
-  distro_comm *comm;
-  distro__param *params;
-  int nparams, cap;
-  int ready;           /* state allocated; tensor list frozen */
-  int mom_tiled;       /* mom is tile by tile (the CPU step; the GPU keeps the tensor's layout) */
-  int verified;        /* tensor lists agreed across ranks */
-  int64_t step;        /* completed steps */
-  int64_t max_numel;
-  int64_t total_numel;
-  distro__tiling *tilings; /* copy of each param's tiling, for the wire */
-  distro__wire_layout layout;     /* wire v1 */
-  distro__wire2_tensor *w2;       /* wire v2: tilings + ENUM tables */
-  distro__enum_table *etabs;      /* one per distinct (chunk elements, k) */
-  int n_etabs;
-  size_t slot;                    /* largest payload: send size (v1) or bound (v2) */
-  size_t *sizes;                  /* per rank: received payload bytes */
-  uint8_t *send, *recv;           /* recv: world slots of `slot` bytes */
-  int64_t total_sel;              /* kept coefficients per rank, all tensors */
-  int64_t *sel_off;               /* per tensor: offset into a rank's selection */
-  uint32_t *dec_idx;              /* world x total_sel decoded indices */
-  float *dec_val;                 /* world x total_sel decoded values */
-  uint32_t **idx_ptrs;            /* per tensor, for the codec API */
-  float **val_ptrs;
-  uint8_t *dropped;               /* per rank: payload skipped this step */
-  /* The tile loops of the DeMo step (demo.c): */
-  int64_t *tile_base;             /* nparams + 1: each tensor's first tile in the global order */
-  int nws;                        /* threads the step may use: one workspace each */
-  int64_t ws_tile;                /* elements of the largest tile */
-  size_t ws_bytes;                /* bytes of one workspace */
-  uint8_t *ws;                    /* nws workspaces */
-  distro__tile_clock *ws_clock;   /* per thread: where a phase's time went */
-  float *flat;                  /* AdamW baseline: all gradients + 1 flag */
-  distro__overlap *ov;          /* options.overlap: the background exchange (overlap.c) */
-};
+#include "common/clock.h"
+#include "optim/optim_state.h"
 
 int distro__uses_adam(const distro_options *o);
 distro_status distro__options_check(const distro_options *o);
@@ -104,8 +19,6 @@ distro_status distro__optim_prepare(distro_optim *o);
 /* Collective: agrees on the tensor list and on every rank having prepared
  * its state (first step only). */
 distro_status distro__optim_verify(distro_optim *o, int local_ok);
-/* Index of the first tensor with a non-finite gradient, or -1. */
-int distro__first_nonfinite_grad(const distro_optim *o);
 
 /* p <- p(1 - lr wd); m, v <- moments of q; p <- p - lr mhat / (sqrt(vhat) + eps).
  * `t` is the 1-based step for bias correction. Element-wise: deterministic. */
@@ -132,6 +45,26 @@ void distro__demo_apply(distro_optim *o, int agg, float lr_agg, int64_t t_agg, f
 /* Bytes of one thread's workspace of the DeMo step for tiles of up to
  * max_tile elements. */
 size_t distro__demo_ws_bytes(int64_t max_tile);
+
+/* A payload format (payload_format.c): one entry per wire version, chosen
+ * once by distro__payload_prepare. bound: the largest payload of a tensor
+ * list; prepare: the format's tables and o->slot; encode / encode_abort:
+ * this rank's payload into o->send, returning its size (0: a bug); gather:
+ * the all-gather into recv (world slots of o->slot bytes), each rank's size
+ * into sizes; decode: validate a peer's payload and decode it into idx[i] /
+ * val[i] (an abort notice returns OK with *aborted set). */
+typedef struct distro__payload_format {
+  int version;
+  distro_status (*bound)(const distro__tiling *t, int n, distro_values v, uint64_t *bytes);
+  distro_status (*prepare)(distro_optim *o);
+  size_t (*encode)(distro_optim *o, uint32_t rank, uint64_t step);
+  size_t (*encode_abort)(distro_optim *o, uint32_t rank, uint64_t step, uint32_t status, uint32_t tensor);
+  distro_status (*gather)(const distro_optim *o, distro_comm *comm, size_t size, uint8_t *recv, size_t *sizes);
+  distro_status (*decode)(const distro_optim *o, const uint8_t *buf, size_t size, int peer, int *aborted,
+                          uint32_t *why, uint32_t *tensor, uint32_t *const *idx, float *const *val);
+} distro__payload_format;
+/* The entry of a wire version; NULL if none (options_check refuses it first). */
+const distro__payload_format *distro__payload_format_of(int wire_version);
 
 /* Payload handling of the DeMo step (payload.c). */
 distro_status distro__payload_prepare(distro_optim *o);
@@ -187,18 +120,14 @@ double distro__adamw_step_scale(double beta2, int64_t t);
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in
  * flight, as a fraction of the update's own step (sign: lr; DisTrO-AdamW:
- * DISTRO__ADAMW_SIGN_STEP lr). Chosen on the demo model (docs/design.md
- * "Overlap"): sign 0.5 / 1.0 / 1.5 gave 2.7007 / 2.6144 / 2.7653 (seed 1);
- * DisTrO-AdamW at 1.0 lost 2.0% to its blocking step over seeds 1-3, at 0.75
- * 0.16% (1.05% over six seeds). */
+ * DISTRO__ADAMW_SIGN_STEP lr). Chosen on the demo model; the runs are in
+ * docs/design.md, "Overlap". */
 #define DISTRO__AHEAD_SIGN 1.0f
 #define DISTRO__AHEAD_ADAMW 0.75f
 
 /* Clip each peer's values per tensor to a multiple of the median norm. */
 int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple);
 distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s);
-
-double distro__now(void);
 
 /* State files (state_io.c): one tensor's entry, shared by the optimizer and
  * the DiLoCo state. */

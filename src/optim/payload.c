@@ -1,5 +1,6 @@
-/* The DeMo step's payloads: encode this rank's selection (wire v1 or v2),
- * exchange, validate and decode every rank's payload, and the robust
+/* The DeMo step's payloads: encode this rank's selection, exchange,
+ * validate and decode every rank's payload (through the format chosen at
+ * prepare, payload_format.c), and the robust
  * aggregation options. Every rank decodes the same bytes the same way, so
  * the decoded arrays, and everything computed from them, agree bit for bit. */
 #include <math.h>
@@ -25,27 +26,9 @@ distro_status distro__payload_prepare(distro_optim *o) {
     o->sel_off[i] = o->total_sel;
     o->total_sel += o->tilings[i].nchunks * o->tilings[i].k;
   }
-  if (o->opt.wire_version == 1) {
-    DISTRO_CHECK(distro__wire_layout_init(&o->layout, o->tilings, n, o->opt.values));
-    o->slot = o->layout.total;
-  } else {
-    o->w2 = calloc((size_t)n, sizeof *o->w2);
-    o->etabs = calloc((size_t)n, sizeof *o->etabs);
-    if (!o->w2 || !o->etabs) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for wire v2 tables");
-    for (int i = 0; i < n; i++) {
-      const distro__tiling *t = &o->tilings[i];
-      o->w2[i].t = *t;
-      /* Tensors with the same chunk size and k share one ENUM table. */
-      int e = 0;
-      while (e < o->n_etabs && !(o->etabs[e].n == t->chunk_elems && o->etabs[e].k == t->k)) e++;
-      if (e == o->n_etabs) {
-        distro__enum_table_init(&o->etabs[e], t->chunk_elems, t->k); /* may not apply: then c == NULL */
-        o->n_etabs++;
-      }
-      o->w2[i].et = o->etabs[e].c ? &o->etabs[e] : NULL;
-    }
-    o->slot = distro__wire2_bound(o->w2, n, o->opt.values);
-  }
+  o->fmt = distro__payload_format_of(o->opt.wire_version);
+  if (!o->fmt) DISTRO_FAIL(DISTRO_ERR_INVALID, "wire_version %d is not known", o->opt.wire_version);
+  DISTRO_CHECK(o->fmt->prepare(o));
   o->send = malloc(o->slot);
   o->recv = malloc(o->slot * (size_t)world);
   o->dec_idx = malloc(sizeof(uint32_t) * (size_t)(o->total_sel * world));
@@ -88,29 +71,8 @@ void distro__payload_destroy(distro_optim *o) {
 size_t distro__payload_encode(distro_optim *o, int bad_tensor) {
   const uint32_t rank = (uint32_t)o->comm->rank;
   const uint64_t step = (uint64_t)o->step;
-  if (o->opt.wire_version == 1) {
-    const distro__wire_layout *l = &o->layout;
-    if (bad_tensor >= 0) {
-      distro__wire_write_header(o->send, l, o->tilings, DISTRO__WIRE_FLAG_ABORT, rank, step, DISTRO_ERR_NONFINITE,
-                                (uint32_t)bad_tensor);
-      distro__wire_clear_body(o->send, l);
-    } else {
-      distro__wire_write_header(o->send, l, o->tilings, 0, rank, step, 0, 0);
-      for (int i = 0; i < o->nparams; i++)
-        distro__wire_write_tensor(o->send, l, o->tilings, i, o->params[i].idx, o->params[i].val);
-    }
-    distro__wire_seal(o->send, l);
-    return l->total;
-  }
-  if (bad_tensor >= 0)
-    return distro__wire2_encode_abort(o->send, o->w2, o->nparams, o->opt.values, rank, step, DISTRO_ERR_NONFINITE,
-                                      (uint32_t)bad_tensor);
-  for (int i = 0; i < o->nparams; i++) {
-    o->idx_ptrs[i] = o->params[i].idx;
-    o->val_ptrs[i] = o->params[i].val;
-  }
-  return distro__wire2_encode(o->send, o->slot, o->w2, o->nparams, o->opt.values, rank, step, o->idx_ptrs,
-                              o->val_ptrs);
+  if (bad_tensor >= 0) return o->fmt->encode_abort(o, rank, step, DISTRO_ERR_NONFINITE, (uint32_t)bad_tensor);
+  return o->fmt->encode(o, rank, step);
 }
 
 void distro__payload_join_failed(distro_optim *o, distro_status why, distro_step_stats *s) {
@@ -136,31 +98,12 @@ static distro_status decode_one(const distro_optim *o, distro__xset *x, int64_t 
   const size_t size = x->sizes[r];
   uint32_t *ri = x->dec_idx + (size_t)r * (size_t)o->total_sel;
   float *rv = x->dec_val + (size_t)r * (size_t)o->total_sel;
-  distro_status st;
-  if (o->opt.wire_version == 1) {
-    const distro__wire_layout *l = &o->layout;
-    st = distro__wire_validate(buf, size, l, o->tilings, r, aborted, why, tensor);
-    if (st != DISTRO_OK || *aborted) return st;
-    for (int i = 0; i < o->nparams; i++) {
-      const int64_t count = o->tilings[i].nchunks * o->tilings[i].k;
-      uint32_t *di = ri + o->sel_off[i];
-      float *dv = rv + o->sel_off[i];
-      const uint8_t *is = buf + l->idx_off[i], *vs = buf + l->val_off[i];
-#pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < count; j++) {
-        di[j] = distro__wire_index(is, l->idx_width[i], j);
-        dv[j] = distro__wire_value(vs, l->values, j);
-      }
-    }
-  } else {
-    for (int i = 0; i < o->nparams; i++) {
-      x->idx_ptrs[i] = ri + o->sel_off[i];
-      x->val_ptrs[i] = rv + o->sel_off[i];
-    }
-    st = distro__wire2_decode(buf, size, o->w2, o->nparams, o->opt.values, r, aborted, why, tensor, x->idx_ptrs,
-                              x->val_ptrs);
-    if (st != DISTRO_OK || *aborted) return st;
+  for (int i = 0; i < o->nparams; i++) {
+    x->idx_ptrs[i] = ri + o->sel_off[i];
+    x->val_ptrs[i] = rv + o->sel_off[i];
   }
+  distro_status st = o->fmt->decode(o, buf, size, r, aborted, why, tensor, x->idx_ptrs, x->val_ptrs);
+  if (st != DISTRO_OK || *aborted) return st;
   uint32_t sender;
   uint64_t step;
   distro__wire_read_origin(buf, &sender, &step);
@@ -243,12 +186,7 @@ distro_status distro__payload_exchange_into(const distro_optim *o, distro_comm *
   distro_status st = DISTRO_OK;
   const int world = comm->size, rank = comm->rank;
   double t0 = distro__now();
-  if (o->opt.wire_version == 1) {
-    DISTRO_CHECK(comm->ops->allgather(comm, o->send, size, x->recv));
-    for (int r = 0; r < world; r++) x->sizes[r] = size;
-  } else {
-    DISTRO_CHECK(comm->ops->allgatherv(comm, o->send, size, x->recv, o->slot, x->sizes));
-  }
+  DISTRO_CHECK(o->fmt->gather(o, comm, size, x->recv, x->sizes));
   double t1 = distro__now();
   s->seconds_exchange += t1 - t0;
   s->bytes_sent = size;

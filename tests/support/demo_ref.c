@@ -212,17 +212,47 @@ static int mag_cmp(const void *a, const void *b) {
   return (x->idx > y->idx) - (x->idx < y->idx); /* ties: lower index first */
 }
 
-/* Value used in the aggregation for kept coefficient c, and the largest
- * change of that value if c moved by up to e (rounding-boundary bound). */
-static double quantize(int values, double c) {
+/* INT8: one scale per chunk, the smallest bf16 s with 127 s >= the chunk's
+ * largest |coefficient| (exact arithmetic here), each value sent as
+ * s * round(c / s). */
+static double int8_scale(double amax) {
+  if (amax <= 0) return 0;
+  int ex;
+  frexp(amax / 127.0, &ex);              /* amax/127 = f 2^ex, f in [0.5, 1) */
+  double ulp = ldexp(1.0, ex - 8);       /* bf16: 8 significant bits */
+  double s = ceil(amax / 127.0 / ulp) * ulp;
+  while (127.0 * s < amax) s += ulp;
+  return s;
+}
+
+/* Value used in the aggregation for kept coefficient c (s: the chunk's
+ * INT8 scale), and the largest change of that value if c moved by up to e
+ * and the chunk's largest magnitude with it (rounding-boundary bound). */
+static double quantize(int values, double c, double s) {
   if (values == DISTRO_VALUES_BF16) return (double)dr_bf16((float)c);
   if (values == DISTRO_VALUES_SIGN1) return c > 0 ? 1.0 : (c < 0 ? -1.0 : 0.0);
+  if (values == DISTRO_VALUES_INT8) {
+    if (s == 0) return 0;
+    double q = nearbyint(c / s);
+    return s * (q > 127 ? 127 : q < -127 ? -127 : q);
+  }
   return c;
 }
 
-static double quant_dev(int values, double c, double e) {
-  if (values == DISTRO_VALUES_BF16) return fabs(quantize(values, c + e) - quantize(values, c - e));
+static double quant_dev(int values, double c, double e, double amax) {
+  if (values == DISTRO_VALUES_BF16) return fabs(quantize(values, c + e, 0) - quantize(values, c - e, 0));
   if (values == DISTRO_VALUES_SIGN1) return fabs(c) <= e ? 2.0 : 0.0;
+  if (values == DISTRO_VALUES_INT8) {
+    const double sc[2] = {int8_scale(amax - e), int8_scale(amax + e)}, cc[2] = {c - e, c + e};
+    double lo = INFINITY, hi = -INFINITY;
+    for (int a = 0; a < 2; a++)
+      for (int b = 0; b < 2; b++) {
+        double v = quantize(values, cc[b], sc[a]);
+        lo = fmin(lo, v);
+        hi = fmax(hi, v);
+      }
+    return hi - lo;
+  }
   return 0.0;
 }
 
@@ -256,7 +286,7 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
       dct2(t, m->x, m->c, m->tmp);
       for (int b = 0; b < hw; b++) { m->mags[b].mag = fabs(m->c[b]); m->mags[b].idx = b; }
       qsort(m->mags, (size_t)hw, sizeof *m->mags, mag_cmp);
-      double top = m->mags[0].mag, e = DR_TIE_REL * top;
+      double top = m->mags[0].mag, e = DR_TIE_REL * top, scale = int8_scale(top);
       m->selections++;
       if (t->k < hw && m->mags[t->k - 1].mag - m->mags[t->k].mag < e && !t->taint[ti]) {
         t->taint[ti] = 1;
@@ -268,10 +298,10 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
         int b = m->mags[j].idx;
         double c = m->c[b];
         m->sel[b] = c;
-        m->sum[b] += quantize(cfg->values, c);
-        m->abs[b] += fabs(quantize(cfg->values, c));
+        m->sum[b] += quantize(cfg->values, c, scale);
+        m->abs[b] += fabs(quantize(cfg->values, c, scale));
         m->cnt[b] += 1;
-        m->dev[b] += quant_dev(cfg->values, c, e);
+        m->dev[b] += quant_dev(cfg->values, c, e, top);
       }
       idct2(t, m->sel, m->x, m->tmp);
       for (int i = 0; i < t->h; i++)
@@ -416,6 +446,7 @@ uint64_t dr_payload_min_bytes(const dr_model *m) {
     if (t->k < hw) bytes += kept * (hw <= 256 ? 1u : 2u); /* indices */
     if (m->cfg.values == DISTRO_VALUES_F32) bytes += 4 * kept;
     else if (m->cfg.values == DISTRO_VALUES_BF16) bytes += 2 * kept;
+    else if (m->cfg.values == DISTRO_VALUES_INT8) bytes += kept + 2 * (uint64_t)t->tiles; /* + a scale a chunk */
     else bits += kept;
   }
   return bytes + (bits + 7) / 8;

@@ -1,5 +1,5 @@
 /* Independent float64 reference of the optimizer step, written from
- * ALGORITHMS.md section 1 and issue 2 (not from src/). It simulates every
+ * docs/algorithms.md section 1 and issue 2 (not from src/). It simulates every
  * rank of a job: per-rank momenta, the payload exchange and the update.
  *
  * Float32 cannot be compared bit-for-bit with float64, so the model also
@@ -9,8 +9,8 @@
  *    largest (float32 rounding may pick the other one); tainted tiles are
  *    not compared any more (tiles are independent of each other);
  *  - each element has a bound on the error of Q (1e-5 of the tensor's
- *    max |Q|, plus the effect of bf16 / sign rounding that sits within the
- *    same relative distance of a rounding boundary). */
+ *    max |Q|, plus the effect of bf16 / sign / INT8 rounding that sits
+ *    within the same relative distance of a rounding boundary). */
 #ifndef DISTRO_DEMO_REF_H
 #define DISTRO_DEMO_REF_H
 
@@ -23,7 +23,7 @@
 typedef struct dr_config {
   int algorithm; /* DISTRO_ALG_DEMO / DISTRO_ALG_ADAMW */
   int update;    /* DISTRO_UPDATE_SIGN / DISTRO_UPDATE_ADAMW */
-  int values;    /* DISTRO_VALUES_F32 / BF16 / SIGN1 */
+  int values;    /* DISTRO_VALUES_F32 / BF16 / SIGN1 / INT8 */
   double beta1, beta2, eps, weight_decay, decay;
   int chunk, topk;
 } dr_config;
