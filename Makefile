@@ -28,23 +28,30 @@ CTEST_FLAGS ?=
 # installed, about 2.5 minutes to install.
 DEBIAN_PACKAGES := cmake gcc g++ make pkg-config libopenblas-dev libfftw3-dev \
                    libopenmpi-dev openmpi-bin libzmq3-dev libcriterion-dev \
-                   gnuplot-nox fortunes clang libclang-rt-14-dev iproute2 \
-                   python3-torch python3-venv
+                   gnuplot-nox fortunes clang libclang-rt-14-dev iproute2
+# What only the tests add: the Python package's suite (skipped without them).
+TEST_PACKAGES   := python3-torch python3-venv
 
 # Targets run one after another, in the order given (deps before build).
 .NOTPARALLEL:
 MAKEFLAGS += --no-print-directory
-.PHONY: all deps configure build test demo demo-build demo-full bench install clean
+.PHONY: all deps test-deps install-packages configure build test demo demo-build demo-full bench install clean
 
 all: build
 
 deps:
+	@$(MAKE) install-packages PACKAGES="$(DEBIAN_PACKAGES)"
+
+test-deps:
+	@$(MAKE) install-packages PACKAGES="$(DEBIAN_PACKAGES) $(TEST_PACKAGES)"
+
+install-packages:
 	@if ! command -v dpkg-query >/dev/null 2>&1; then \
 	  echo "deps: not a Debian system; make sure these (or equivalents) are installed:"; \
-	  echo "  $(DEBIAN_PACKAGES)"; exit 0; \
+	  echo "  $(PACKAGES)"; exit 0; \
 	fi; \
 	missing=""; \
-	for p in $(DEBIAN_PACKAGES); do \
+	for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' \
 	    || missing="$$missing $$p"; \
 	done; \
@@ -67,7 +74,7 @@ configure:
 build: configure
 	$(CMAKE) --build $(BUILD) -j $(JOBS)
 
-test: deps build
+test: test-deps build
 	$(CTEST) --test-dir $(BUILD) --output-on-failure $(CTEST_FLAGS)
 
 GPT_TRAIN := $(BUILD)/python-free-examples/gpt/gpt-train
