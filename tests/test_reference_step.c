@@ -252,7 +252,7 @@ Test(reference_step, defaults_sign_int8_chunk32_topk32, .timeout = 120) {
 Test(reference_step, defaults_adamw_update_int8_chunk32_topk32, .timeout = 120) {
   distro_options o = default_opts(DISTRO_UPDATE_ADAMW);
   cr_assert(o.values == DISTRO_VALUES_INT8 && o.chunk == 32 && o.topk == 32);
-  sweep("defaults/adamw-update/int8", o, 1e-3, 1, 4, 4);
+  sweep("defaults/adamw-update/int8", o, 1e-3, 1, 4, 6);
 }
 
 /* Psyche-like settings: smaller chunk target, few coefficients, 0.995. */

@@ -120,7 +120,8 @@ double distro__adamw_step_scale(double beta2, int64_t t);
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in
  * flight, as a fraction of the update's own step (sign: lr; DisTrO-AdamW:
- * DISTRO__ADAMW_SIGN_STEP lr). Chosen on the demo model; the runs are in
+ * its rectified step, distro__adamw_step_scale). Chosen on the demo model
+ * with the unrectified 0.75 lr step; the runs are in
  * docs/design.md, "Overlap". */
 #define DISTRO__AHEAD_SIGN 1.0f
 #define DISTRO__AHEAD_ADAMW 0.75f
