@@ -1,4 +1,4 @@
-/* distro: Decoupled DiLoCo runtime (ALGORITHMS.md section 4, docs/protocol.md).
+/* distro: Decoupled DiLoCo runtime (docs/algorithms.md, docs/protocol.md).
  *
  * A syncer service holds the global copy of every parameter fragment and
  * the outer optimizer state. Learners train on their own and never wait for

@@ -19,6 +19,7 @@
 #include <distro/mpi.h>
 
 #include "comm/comm_internal.h"
+#include "common/clock.h"
 #include "common/error.h"
 
 typedef struct {
@@ -37,11 +38,7 @@ static distro_status mpi_fail(int rc, const char *call) {
                       len ? msg : "unknown error", rc);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now_s(void) { return distro__now(); }
 
 /* Completes one request: MPI_Wait, or with a timeout MPI_Test until the
  * deadline `end` (shared by the requests of one collective). A timeout

@@ -14,6 +14,7 @@
 
 #include "comm/comm_internal.h"
 #include "common/error.h"
+#include "common/fnv.h"
 #include "compress/outer_codec.h"
 #include "sync/learner_internal.h"
 
@@ -172,19 +173,13 @@ distro_status distro_learner_add_tensor(distro_learner *l, const char *name, flo
   return DISTRO_OK;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  const uint8_t *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 uint64_t distro_learner_signature(const distro_learner *l) {
   if (!l || l->nt < 1) return 0;
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < l->nt; i++) {
-    h = fnv(h, l->t[i].name, strlen(l->t[i].name) + 1);
-    h = fnv(h, &l->t[i].numel, sizeof l->t[i].numel);
-    h = fnv(h, &l->t[i].flags, sizeof l->t[i].flags);
+    h = distro__fnv1a(h, l->t[i].name, strlen(l->t[i].name) + 1);
+    h = distro__fnv1a(h, &l->t[i].numel, sizeof l->t[i].numel);
+    h = distro__fnv1a(h, &l->t[i].flags, sizeof l->t[i].flags);
   }
   return h;
 }

@@ -1,5 +1,5 @@
 /* The syncer's clock: liveness, the fragment schedule, rounds and merges
- * (docs/protocol.md, ALGORITHMS.md section 4).
+ * (docs/protocol.md, docs/algorithms.md).
  *
  * Per fragment p the syncer opens a round every P intervals: it asks every
  * live learner to REPORT its outer gradient, waits for a quorum of

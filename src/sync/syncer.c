@@ -1,6 +1,6 @@
 /* The syncer service: options, lifecycle and the thread-safe queries. The
  * event loop is serve.c (messages) and rounds.c (schedule, rounds, merges);
- * docs/protocol.md, ALGORITHMS.md section 4. */
+ * docs/protocol.md, docs/algorithms.md. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>

@@ -7,13 +7,10 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "sync/sync_internal.h"
 
-double distro__sy_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+double distro__sy_now(void) { return distro__now(); }
 
 void distro__sy_frames_free(distro__sy_frames *f) {
   for (int i = 0; i < f->n; i++) zmq_msg_close(&f->msg[i]);
