@@ -288,7 +288,7 @@ static distro_status emu_step(emu *E, float lr) {
   if (size == 0) return DISTRO_ERR_PAYLOAD;
   distro_status r = distro__payload_exchange(h, size, &st);
   if (r != DISTRO_OK) return r;
-  const float step = sign ? lr : (float)(distro__adamw_step_scale(h->opt.beta2, h->step + 1) * (double)lr),
+  const float step = sign ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr),
               shrink = 1.0f - lr * h->opt.weight_decay;
   for (int i = 0; i < h->nparams; i++) {
     const distro__tiling *t = &h->tilings[i];

@@ -37,7 +37,7 @@ static float ahead(const distro_options *o, double lr, int64_t t) {
   const double got = distro__adamw_step_scale(o->beta2, t);
   cr_assert(fabs(got - want) <= 1e-12 * want, "step %lld: DisTrO-AdamW step %.17g lr, reference %.17g lr",
             (long long)t, got, want);
-  return 0.75f * (float)(got * lr);
+  return 0.75f * distro__adamw_sign_step(o->beta2, t, (float)lr);
 }
 
 /* Per element of call s: -1, 0 or +1 with la = agreed - a * sign, or 2 if la

@@ -117,6 +117,11 @@ void distro__overlap_free(distro_optim *o);
  * multiplies, divides and a square root only, so every rank and device gets
  * the same bits. */
 double distro__adamw_step_scale(double beta2, int64_t t);
+/* That step for learning rate lr, rounded once to float: what every path
+ * (CPU, look-ahead, CUDA) applies. */
+static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr) {
+  return (float)(distro__adamw_step_scale(beta2, t) * (double)lr);
+}
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in
  * flight, as a fraction of the update's own step (sign: lr; DisTrO-AdamW:
