@@ -4,11 +4,11 @@
  *    every call each element sits at the STALE run's value or exactly one
  *    provisional step (1.0 lr for sign, 0.5625 lr for DisTrO-AdamW) away
  *    from it;
- *  - the provisional step's direction is the sign of the inverse DCT of the
- *    rank's own selection, checked against the float64 reference
- *    (tests/support/demo_ref.c) wherever that sign is not decided by
- *    rounding;
- *  - it differs between ranks (each steps along its own selection) and is
+ *  - the provisional step's direction is the sign of the rank's whole
+ *    momentum of that step (what it sent plus what it kept), checked
+ *    against the float64 reference (tests/support/demo_ref.c) wherever that
+ *    sign is not decided by rounding;
+ *  - it differs between ranks (each steps along its own momentum) and is
  *    gone after the flush.
  * Inputs are fresh each run; a failure prints DISTRO_TEST_SEED to replay. */
 #include <criterion/criterion.h>
@@ -81,7 +81,7 @@ Test(lookahead, agreed_parameters_are_the_stale_steps, .timeout = 120) {
             if (r > 0 && !same(pl, dr_snap(&la, s, 0, t), t)) ranks_differ++;
           }
       }
-      /* A step along each rank's own selection moves most elements. */
+      /* A step along each rank's own momentum moves most elements. */
       cr_assert_gt(all, 0, "%s world %d: no call took a provisional step of nonzero size", md->label, world);
       cr_assert_gt(moved, all / 2, "%s world %d: only %ld of %ld elements took a provisional step", md->label, world,
                    moved, all);
@@ -101,9 +101,10 @@ Test(lookahead, agreed_parameters_are_the_stale_steps, .timeout = 120) {
 }
 
 /* The direction of the provisional step against the float64 reference fed
- * the same gradients: sign of the inverse DCT of the rank's own (unquantized)
- * selection. Elements whose reference value is within rounding of zero, or
- * in a tile whose selection is a near-tie, are not compared. */
+ * the same gradients: sign of the rank's whole momentum of the step.
+ * Elements whose reference value is within rounding of zero, or in a tile
+ * whose selection was ever a near-tie (the residual kept from that step
+ * then differs), are not compared. */
 static void direction_vs_reference(distro_update u, int world, int steps) {
   const uint64_t seed = tu_seed();
   distro_options o = distro_options_default(DISTRO_ALG_DEMO);
@@ -137,7 +138,7 @@ static void direction_vs_reference(distro_update u, int world, int steps) {
                     world, r, names[t], s + 1);
           continue;
         }
-        const double *q = dr_last_q_own(m, t, r);
+        const double *q = dr_last_m_own(m, t, r);
         double qmax = 0;
         for (int64_t e = 0; e < numel(t); e++) qmax = fmax(qmax, fabs(q[e]));
         const float *pl = dr_snap(&la, s, r, t), *ps = dr_snap(&st, s, r, t);
@@ -148,7 +149,7 @@ static void direction_vs_reference(distro_update u, int world, int steps) {
           }
           const int want = (q[e] > 0) - (q[e] < 0), got = provisional_sign(pl[e], ps[e], a);
           cr_assert_eq(got, want,
-                       "world %d rank %d '%s'[%lld] call %d: provisional step %d, the reference's own Q %.9g "
+                       "world %d rank %d '%s'[%lld] call %d: provisional step %d, the reference's own momentum %.9g "
                        "(DISTRO_TEST_SEED=%llu)",
                        world, r, names[t], (long long)e, s + 1, got, q[e], (unsigned long long)seed);
           checked++;

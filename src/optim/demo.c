@@ -290,9 +290,10 @@ static void ahead_tile_rows(float *restrict p, const float *restrict base, int64
 }
 
 /* Look-ahead, tile c of tensor i: the caller's parameters become the agreed
- * ones minus `ahead` sign(inverse DCT of this rank's own selection) (the
- * values before quantization), an estimate of the update still in flight;
- * with ahead 0 exactly the agreed ones. */
+ * ones minus `ahead` sign(this rank's whole momentum of this step), the
+ * residual plus its selection before quantization (the inverse DCT of its
+ * DCT): an estimate of the update still in flight that also holds what was
+ * not sent; with ahead 0 exactly the agreed ones. */
 static void ahead_tile(distro_optim *o, int i, int64_t c, float ahead, tile_ws *ws) {
   distro__param *p = &o->params[i];
   const distro__tiling *t = &p->tiling;
@@ -304,9 +305,9 @@ static void ahead_tile(distro_optim *o, int i, int64_t c, float ahead, tile_ws *
     return;
   }
   double clock = ticks();
-  memset(ws->a, 0, sizeof(float) * (size_t)t->chunk_elems);
+  memcpy(ws->a, p->mom_next + c * h * w, sizeof(float) * (size_t)(h * w));
   for (int64_t j = 0; j < k; j++) ws->a[p->idx[c * k + j]] = p->val[c * k + j];
-  distro__dct_tile_inverse_sparse(&p->plan, ws->a, p->idx + c * k, k, ws->b, w, ws->dct);
+  distro__dct_tile_inverse(&p->plan, ws->a, ws->b, w, ws->dct);
   ws->t_transform += seconds_between(&clock);
   ahead_tile_rows(p->param + off, p->base + off, cols, ws->b, ahead, h, w);
   ws->t_decode += seconds_between(&clock);

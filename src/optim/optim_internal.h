@@ -39,8 +39,8 @@ void distro__demo_commit(distro_optim *o);
  * own set with lr_agg (the step's own lr; with overlap the lr of the step
  * that sent it), to the caller's parameters or, with look-ahead, to the
  * agreed ones (base). With look-ahead it then sets the caller's parameters
- * to base - ahead sign(inverse DCT of this rank's own selection), or to base
- * when ahead is 0. */
+ * to base - ahead sign(this rank's whole momentum of the step, what it sent
+ * plus what it kept), or to base when ahead is 0. */
 void distro__demo_apply(distro_optim *o, int agg, float lr_agg, int64_t t_agg, float ahead, distro_step_stats *s);
 /* Bytes of one thread's workspace of the DeMo step for tiles of up to
  * max_tile elements. */

@@ -20,8 +20,8 @@ typedef struct {
   double *m1, *m2;      /* AdamW moments of the mean gradient (baseline); m2:
                            world x n, each rank's own (DisTrO-AdamW) */
   double *q;            /* last Q */
-  double *qown;         /* world x n: inverse DCT of each rank's own last
-                           selection, unquantized (look-ahead overlap) */
+  double *mown;         /* world x n: each rank's whole momentum of the last
+                           step, before its selection left it (look-ahead) */
   double *eq;           /* error bound of the last Q */
   double *eh;           /* max of eq over all steps (for the moments) */
   unsigned char *taint; /* per tile */
@@ -73,7 +73,7 @@ float dr_bf16(float x) {
 
 static void free_tensor(dr_tensor *t) {
   free(t->fh); free(t->fw); free(t->delta); free(t->m1); free(t->m2);
-  free(t->q); free(t->qown); free(t->eq); free(t->eh); free(t->taint);
+  free(t->q); free(t->mown); free(t->eq); free(t->eh); free(t->taint);
 }
 
 void dr_free(dr_model *m) {
@@ -118,11 +118,11 @@ dr_model *dr_create(const dr_config *cfg, int world, int ntensors, const int *nd
     t->m1 = calloc(n * (size_t)world, sizeof(double));
     t->m2 = calloc(n * (size_t)world, sizeof(double));
     t->q = calloc(n, sizeof(double));
-    t->qown = calloc(n * (size_t)world, sizeof(double));
+    t->mown = calloc(n * (size_t)world, sizeof(double));
     t->eq = calloc(n, sizeof(double));
     t->eh = calloc(n, sizeof(double));
     t->taint = calloc((size_t)t->tiles, 1);
-    if (!t->fh || !t->fw || !t->delta || !t->m1 || !t->m2 || !t->q || !t->qown || !t->eq || !t->eh || !t->taint) {
+    if (!t->fh || !t->fw || !t->delta || !t->m1 || !t->m2 || !t->q || !t->mown || !t->eq || !t->eh || !t->taint) {
       dr_free(m);
       return NULL;
     }
@@ -154,7 +154,7 @@ void dr_geometry(const dr_model *m, int t, int *h, int *w, int64_t *tiles) {
 }
 
 const double *dr_last_q(const dr_model *m, int t) { return m->t[t].q; }
-const double *dr_last_q_own(const dr_model *m, int t, int rank) { return m->t[t].qown + (size_t)rank * (size_t)m->t[t].n; }
+const double *dr_last_m_own(const dr_model *m, int t, int rank) { return m->t[t].mown + (size_t)rank * (size_t)m->t[t].n; }
 long dr_tainted_tiles(const dr_model *m) { return m->tainted_tiles; }
 long dr_selections(const dr_model *m) { return m->selections; }
 
@@ -282,7 +282,10 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
     for (int r = 0; r < m->world; r++) {
       double *dl = t->delta + (size_t)r * n;
       for (int i = 0; i < t->h; i++)
-        for (int j = 0; j < t->w; j++) m->x[i * t->w + j] = dl[tile_off(t, ti, i, j)];
+        for (int j = 0; j < t->w; j++) {
+          m->x[i * t->w + j] = dl[tile_off(t, ti, i, j)];
+          t->mown[(size_t)r * n + (size_t)tile_off(t, ti, i, j)] = m->x[i * t->w + j];
+        }
       dct2(t, m->x, m->c, m->tmp);
       for (int b = 0; b < hw; b++) { m->mags[b].mag = fabs(m->c[b]); m->mags[b].idx = b; }
       qsort(m->mags, (size_t)hw, sizeof *m->mags, mag_cmp);
@@ -305,10 +308,7 @@ static void demo_tensor(dr_model *m, dr_tensor *t, double lr, const float *const
       }
       idct2(t, m->sel, m->x, m->tmp);
       for (int i = 0; i < t->h; i++)
-        for (int j = 0; j < t->w; j++) {
-          dl[tile_off(t, ti, i, j)] -= m->x[i * t->w + j];
-          t->qown[(size_t)r * n + (size_t)tile_off(t, ti, i, j)] = m->x[i * t->w + j];
-        }
+        for (int j = 0; j < t->w; j++) dl[tile_off(t, ti, i, j)] -= m->x[i * t->w + j];
     }
     /* mean over the ranks that selected each coefficient. Float32 rounding
      * of the contributions (1e-5 of their magnitudes, which may cancel)

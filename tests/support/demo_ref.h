@@ -60,9 +60,9 @@ void dr_step(dr_model *m, double lr, const float *const *grads);
 
 /* Q of the last step for tensor t (n doubles), for diagnostics. */
 const double *dr_last_q(const dr_model *m, int t);
-/* Inverse DCT of rank `rank`'s own selection of the last step (values
- * before quantization): what a look-ahead overlap steps along. */
-const double *dr_last_q_own(const dr_model *m, int t, int rank);
+/* Rank `rank`'s whole momentum of the last step (before its selection was
+ * removed), in parameter space: what a look-ahead overlap steps along. */
+const double *dr_last_m_own(const dr_model *m, int t, int rank);
 /* Nonzero if element e of tensor t lies in a tile whose selection was ever a
  * near-tie (the library may have chosen otherwise there). */
 int dr_elem_tainted(const dr_model *m, int t, int64_t e);
