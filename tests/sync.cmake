@@ -19,7 +19,7 @@ endif()
 # Suites that use the shared harness (syncer on a thread, learners on threads).
 if(DISTRO_WITH_SYNC)
   foreach(t test_sync_hostile test_sync_badinput test_sync_cluster test_sync_curve test_sync_dp test_sync_liveness
-            test_sync_attack test_sync_files test_sync_fuzz)
+            test_sync_attack test_sync_files test_sync_fuzz test_sync_claims)
     if(TARGET ${t})
       target_sources(${t} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support/sync_harness.c)
       if(t STREQUAL "test_sync_curve")

@@ -79,6 +79,7 @@ static void *learner_main(void *arg) {
   o.heartbeat_s = 0.1;
   o.timeout_s = 1.0;
   o.join_timeout_s = 15;
+  o.tokens_per_step = 64; /* declared at HELLO (the hostile one too: then claims more) */
   distro_learner *l = NULL;
   distro_status st = distro_learner_create(&o, &l);
   if (st == DISTRO_OK) st = distro_learner_add_tensor(l, "w", L->theta, NP - NP / 4, 0);

@@ -62,7 +62,8 @@ static void usage(FILE *f) {
           "          [--no-nesterov]\n"
           "hostile:  [--robust none|trimmed|median] [--robust-f F] [--out-of-bound clip|refuse]\n"
           "          [--clip-multiple X (4)] [--report-max-rel X (100)] [--step-max-rel X (100)]\n"
-          "          [--weight-cap X (2)] [--quarantine-after N (3)] [--quarantine S (60)]\n"
+          "          [--weight-cap X (2)] [--min-step-s S (0: the learner's own step times)]\n"
+          "          [--quarantine-after N (3)] [--quarantine S (60)]\n"
           "liveness: [--heartbeat S] [--timeout S] [--round-timeout S (0: max(2 timeout, 3 median steps))]\n"
           "state:    [--checkpoint FILE] [--checkpoint-every N] [--no-resume]\n"
           "security: [--curve-keypair FILE] [--curve-allowed FILE] [--insecure]\n"
@@ -114,6 +115,7 @@ int main(int argc, char **argv) {
     else if (ARG("--report-max-rel")) o.report_max_rel = atof(v);
     else if (ARG("--step-max-rel")) o.step_max_rel = atof(v);
     else if (ARG("--weight-cap")) o.weight_cap = atof(v);
+    else if (ARG("--min-step-s")) o.min_step_s = atof(v);
     else if (ARG("--quarantine-after")) o.quarantine_after = atoi(v);
     else if (ARG("--quarantine")) o.quarantine_s = atof(v);
     else if (ARG("--robust")) {

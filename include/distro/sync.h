@@ -52,7 +52,8 @@ typedef enum {
   DISTRO_SYNC_E_PAYLOAD = 7,   /* encoded values invalid or non-finite */
   DISTRO_SYNC_E_NOT_READY = 8, /* no global copy yet (another learner seeds it), or busy (rate limit): retry */
   DISTRO_SYNC_E_ROUND = 9,     /* report for a fragment or round that is not open */
-  DISTRO_SYNC_E_REFUSED = 10   /* report out of bounds (with out_of_bound REFUSE) or its learner quarantined */
+  DISTRO_SYNC_E_REFUSED = 10   /* report out of bounds (with out_of_bound REFUSE) or its learner quarantined;
+                                  HELLO declaring other tokens per step than its id's */
 } distro_sync_error;
 
 /* Static name of an error code ("malformed", "crc", ...). */
@@ -66,9 +67,9 @@ typedef void (*distro_sync_log_fn)(void *ctx, const char *line);
 /* ---------------------------------------------------------------- syncer */
 
 /* Version 2 added the fields after log_ctx, version 3 the defences against
- * hostile learners; older structs are accepted (the newer fields then take
- * their defaults). */
-#define DISTRO_SYNCER_OPTIONS_VERSION 3
+ * hostile learners, version 4 min_step_s; older structs are accepted (the
+ * newer fields then take their defaults). */
+#define DISTRO_SYNCER_OPTIONS_VERSION 4
 
 /* The merge rule against hostile learners (docs/protocol.md, "Threat model"). */
 typedef enum {
@@ -140,11 +141,17 @@ typedef struct distro_syncer_options {
                                applied: the last version stays, logged (100; 0: no cap) */
   double weight_cap;        /* token merges: no report's weight above this multiple of the (lower) median
                                weight (2; 0: no cap and no check of the claims). A learner's tokens per step
-                               are fixed by its first accepted report, its steps bounded by its heartbeat
-                               step counter */
+                               are fixed for the job by its HELLO (distro_learner_options.tokens_per_step;
+                               else by its first accepted report), its steps per report bounded by its
+                               heartbeat step counter and the elapsed time (docs/protocol.md, "Honest token
+                               weights"); a claim beyond them is cut (CLIP) or refused (REFUSE) */
   int quarantine_after;     /* a learner whose reports were out of bounds this many times more than in bounds
                                is quarantined: not asked, its reports refused (3; 0: never) */
   double quarantine_s;      /* how long (60) */
+  /* Version 4. */
+  double min_step_s;        /* > 0: no learner's step is faster than this (seconds): a report claims at most
+                               (elapsed time + timeout_s) / max(min_step_s, a quarter of the learner's fastest
+                               claimed step time) + 2H + 8 steps. 0: only the learner's own step times (0) */
 } distro_syncer_options;
 
 DISTRO_API distro_syncer_options distro_syncer_options_default(void);
@@ -201,7 +208,8 @@ typedef struct distro_syncer_learner_stats {
   uint64_t clipped, refused, capped;
   uint64_t quarantines;
   double quarantined_s;     /* > 0: quarantined for this many more seconds */
-  double tokens_per_step;   /* fixed by its first accepted report (0: none yet) */
+  double tokens_per_step;   /* fixed for the job: declared in its HELLO, else by its first accepted report
+                               (0: none yet) */
   double weight_share;      /* its share in the last merge it took part in */
   double weight_share_max;
 } distro_syncer_learner_stats;
@@ -239,9 +247,9 @@ DISTRO_API distro_status distro_sync_keygen(const char *path);
 
 /* --------------------------------------------------------------- learner */
 
-/* Version 2 added `comm`, version 3 `insecure` and `curve_allowed`; older
- * structs are accepted. */
-#define DISTRO_LEARNER_OPTIONS_VERSION 3
+/* Version 2 added `comm`, version 3 `insecure` and `curve_allowed`, version
+ * 4 `tokens_per_step`; older structs are accepted. */
+#define DISTRO_LEARNER_OPTIONS_VERSION 4
 
 typedef struct distro_learner_options {
   int version;                 /* DISTRO_LEARNER_OPTIONS_VERSION */
@@ -274,6 +282,12 @@ typedef struct distro_learner_options {
   int insecure;                /* 1: allow endpoints reachable from other machines without CURVE (0) */
   const char *curve_allowed;   /* file of the public keys allowed to pull this learner's state (the
                                   syncer's allowed-keys file); NULL: any client that knows its key */
+  /* Version 4. */
+  uint64_t tokens_per_step;    /* the most tokens one distro_learner_step processes, summed over the ranks
+                                  (<= 2^53), declared in HELLO: the syncer fixes it for this learner id for
+                                  the job (a later HELLO with another value is refused, ERROR refused) and
+                                  cuts (or refuses) a report claiming more tokens than this per step. 0: not
+                                  declared; the syncer takes the rate of the first report (0) */
 } distro_learner_options;
 
 DISTRO_API distro_learner_options distro_learner_options_default(void);
@@ -323,7 +337,8 @@ DISTRO_API uint64_t distro_learner_signature(const distro_learner *l);
  * parameters with a consistent copy of the global fragments pulled from a
  * peer (or from the syncer when no peer is alive). Blocks until joined or
  * join_timeout_s (DISTRO_ERR_TIMEOUT); an ERROR reply (signature) is
- * DISTRO_ERR_SHAPE. With a comm it is collective: rank 0 joins, then every
+ * DISTRO_ERR_SHAPE, ERROR refused (tokens_per_step differs from what the job
+ * fixed for this learner id) DISTRO_ERR_INVALID. With a comm it is collective: rank 0 joins, then every
  * rank receives rank 0's parameters and fragment layout; a rank whose
  * tensor list differs from rank 0's fails with DISTRO_ERR_SHAPE on every
  * rank, and rank 0's failure is every rank's. */

@@ -127,6 +127,7 @@ int main(int argc, char **argv) {
   o.curve_keypair = keypair;
   o.curve_allowed = allowed;
   o.insecure = insecure;
+  o.tokens_per_step = B; /* declared at HELLO: each step counts B samples */
   distro_learner *l = NULL;
   if (!ep || distro_learner_create(&o, &l) != DISTRO_OK || distro_learner_add_tensor(l, "w", w, D, 0) != DISTRO_OK ||
       distro_learner_add_tensor(l, "bias", bias, 1, DISTRO_DILOCO_PLAIN_MERGE) != DISTRO_OK ||

@@ -294,6 +294,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     if (c->sync_timeout > 0) lo.timeout_s = c->sync_timeout;
     lo.comm = comm;
     lo.log = learner_log;
+    lo.tokens_per_step = (uint64_t)world * B * T; /* every rank's B x T tokens per step, declared at HELLO */
     if (!(scratch = malloc(sizeof(real) * m.nparams))) FAIL("out of memory for the model");
     else if ((s = distro_learner_create(&lo, &lrn)) != DISTRO_OK)
       FAIL("distro_learner_create: %s: %s", distro_status_string(s), distro_last_error());

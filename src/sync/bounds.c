@@ -69,6 +69,8 @@ distro_status distro__syncer_check_bounds(const distro_syncer_options *o) {
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: clip_multiple %g and weight_cap %g must be 0 or >= 1, "
                                             "report_max_rel %g and step_max_rel %g >= 0 (all finite)",
                         o->clip_multiple, o->weight_cap, o->report_max_rel, o->step_max_rel);
+  if (!(o->min_step_s >= 0 && isfinite(o->min_step_s)))
+    return distro__fail(DISTRO_ERR_INVALID, "syncer options: min_step_s %g must be finite and >= 0", o->min_step_s);
   if (o->quarantine_after < 0 || !(o->quarantine_s >= 0 && isfinite(o->quarantine_s)))
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: quarantine_after %d or quarantine_s %g out of range",
                         o->quarantine_after, o->quarantine_s);
@@ -86,10 +88,17 @@ void distro__syncer_describe_bounds(const distro_syncer_options *o, char *out, s
              (o->quorum - 1) / 2, o->quorum);
   else
     snprintf(rule, sizeof rule, "no robust rule (a hostile report moves the merge within its bound)");
+  char claims[160];
+  if (o->weight_cap > 0)
+    snprintf(claims, sizeof claims, "claims held to the declared tokens per step, the step counter and the elapsed "
+                                    "time (fastest step %g s or a quarter of the learner's own)",
+             o->min_step_s);
+  else
+    snprintf(claims, sizeof claims, "claims not checked");
   snprintf(out, n, "%s; reports %s beyond %g x median norm and %g x |Theta|; steps beyond %g x |Theta| not applied; "
-                   "weight cap %g x median; quarantine after %d out-of-bound reports for %g s",
+                   "weight cap %g x median; %s; quarantine after %d out-of-bound reports for %g s",
            rule, o->out_of_bound == DISTRO_SYNC_BOUND_REFUSE ? "refused" : "clipped", o->clip_multiple,
-           o->report_max_rel, o->step_max_rel, o->weight_cap, o->quarantine_after, o->quarantine_s);
+           o->report_max_rel, o->step_max_rel, o->weight_cap, claims, o->quarantine_after, o->quarantine_s);
 }
 
 int distro__syncer_robust_f(const distro_syncer *s, int n) {
@@ -127,29 +136,119 @@ void distro__syncer_strike(distro_syncer *s, int id, int out, double now, const 
                      (unsigned long long)l->refused, (unsigned long long)l->capped);
 }
 
-/* Token claims the syncer can check: steps no more than the learner's own
- * heartbeat counter allows, tokens per step as its first report declared.
- * Returns 1 when a claim was cut. */
-static int check_claims(distro_syncer *s, int p, int id, sy_learner *l, double *tok, double *stp, char *why,
-                        size_t wn) {
+/* What a learner's claims are held to (docs/protocol.md, "Honest token
+ * weights"). Its tokens per step are fixed for the job at its HELLO (else
+ * by its first report), per learner id. The steps a report of fragment p
+ * claims count from the learner's last report of p before the version the
+ * report is based on was sent to it (it applied that version, so it
+ * counted its steps afresh from that report on, or later), or from its
+ * join: they cannot exceed what its step counter advanced since then, nor
+ * the elapsed time (plus timeout_s for the report's transit) divided by its
+ * fastest plausible step (min_step_s, or a quarter of the fastest step time
+ * it claimed), each plus 2H + 8 steps. */
+#define STEP_TIME_SLACK 4.0
+
+static double steps_slack(const distro_syncer *s) { return 2.0 * s->opt.H + 8; }
+
+int distro__syncer_hello_tokens(const distro_syncer *s, int id, uint64_t tps, char *why, size_t n) {
+  const sy_learner *l = id >= 0 && id < DISTRO__SY_MAX_LEARNERS ? s->learners[id] : NULL;
+  if (s->opt.weight_cap <= 0 || tps == 0 || !l || l->tokens_per_step <= 0) return 0;
+  if (l->tps_declared && (double)tps != l->tokens_per_step) {
+    snprintf(why, n, "learner %d declares %llu tokens per step; the job fixed %.0f for this id at its first hello "
+                     "(give the same tokens_per_step, or use another learner id)",
+             id, (unsigned long long)tps, l->tokens_per_step);
+    return -1;
+  }
+  if (!l->tps_declared && (double)tps > l->tokens_per_step * TOKENS_SLACK) {
+    snprintf(why, n, "learner %d declares %llu tokens per step; the job fixed %.4g for this id at its first report "
+                     "(a hello may not raise it)",
+             id, (unsigned long long)tps, l->tokens_per_step);
+    return -1;
+  }
+  return 0;
+}
+
+void distro__syncer_hello_claims(distro_syncer *s, sy_learner *l, int fresh_record, int has_state, uint64_t tps,
+                                 double now) {
+  if (tps > 0 && !l->tps_declared && (l->tokens_per_step <= 0 || (double)tps <= l->tokens_per_step * TOKENS_SLACK)) {
+    pthread_mutex_lock(&s->mu);
+    l->tokens_per_step = (double)tps;
+    l->tps_declared = 1;
+    pthread_mutex_unlock(&s->mu);
+  }
+  if (!has_state) {
+    /* A process that has not joined yet: its step counter and its claims
+     * start after this. */
+    l->t_start = now;
+    l->step_min = 0;
+    if (l->win && s->initialized) memset(l->win, 0, sizeof *l->win * (size_t)s->L.P);
+  } else if (fresh_record) {
+    l->t_start = -1; /* rejoined (after a syncer restart, say): its claims may go back further */
+  }
+}
+
+static sy_window *window(distro_syncer *s, sy_learner *l, int p) {
+  if (!l->win) l->win = calloc((size_t)s->L.P, sizeof *l->win);
+  return l->win ? &l->win[p] : NULL;
+}
+
+double distro__syncer_steps_bound(distro_syncer *s, sy_learner *l, int p, uint64_t base, double now, double *by_time) {
+  sy_window *w = window(s, l, p);
+  double t0 = l->t_start, h0 = 0;
+  for (int k = 0; w && k < DISTRO__SY_ANCHORS; k++)
+    if (w->anc[k].valid && w->anc[k].version == base) t0 = w->anc[k].t, h0 = w->anc[k].hb;
+  const double slack = steps_slack(s), by_counter = (double)l->hb_steps - h0 + slack;
+  const double fastest = fmax(s->opt.min_step_s, l->step_min / STEP_TIME_SLACK);
+  *by_time = t0 >= 0 && fastest > 0 ? (now - t0 + s->opt.timeout_s) / fastest + slack : INFINITY;
+  const double bound = fmin(by_counter, *by_time);
+  if (w) {
+    w->rep_t = now;
+    w->rep_hb = (double)l->hb_steps;
+    w->rep_ok = 1;
+  }
+  return bound;
+}
+
+void distro__syncer_fragment_sent(distro_syncer *s, sy_learner *l, int p, uint64_t version) {
+  sy_window *w = window(s, l, p);
+  if (!w) return;
+  sy_anchor *a = &w->anc[w->next];
+  w->next = (w->next + 1) % DISTRO__SY_ANCHORS;
+  a->version = version;
+  a->t = w->rep_ok ? w->rep_t : l->t_start;
+  a->hb = w->rep_ok ? w->rep_hb : 0;
+  a->valid = 1;
+}
+
+/* The claims of one report against those bounds. Returns 0 when within
+ * them, 1 when they were cut (CLIP), -1 when the report is refused
+ * (REFUSE); the reason in why. */
+static int check_claims(distro_syncer *s, int p, int id, sy_learner *l, double *tok, double *stp, double max_stp,
+                        double by_time, char *why, size_t wn) {
   int cut = 0;
-  const double slack = 2.0 * s->opt.H + 8;
-  if (*stp > (double)l->hb_steps + slack) {
-    snprintf(why, wn, "claims %.0f steps, its step counter allows %.0f", *stp, (double)l->hb_steps + slack);
-    distro__syncer_log(s, "learner %d fragment %d: %s; steps cut", id, p, why);
-    *tok *= ((double)l->hb_steps + slack) / *stp;
-    *stp = (double)l->hb_steps + slack;
+  const int refuse = s->opt.out_of_bound == DISTRO_SYNC_BOUND_REFUSE;
+  const char *verdict = refuse ? "refused" : "capped";
+  if (*stp > max_stp) {
+    snprintf(why, wn, "claims %.0f steps, its %s allows %.0f", *stp,
+             by_time <= max_stp ? "elapsed time (at its fastest claimed step time)" : "step counter", max_stp);
+    distro__syncer_log(s, "learner %d fragment %d: %s; steps %s", id, p, why, verdict);
+    if (refuse) return -1;
+    *tok *= max_stp / *stp;
+    *stp = max_stp;
     cut = 1;
   }
-  if (*stp >= 1 && *tok > 0) {
+  if (*tok > 0) {
     if (l->tokens_per_step == 0) {
-      pthread_mutex_lock(&s->mu);
-      l->tokens_per_step = *tok / *stp;
-      pthread_mutex_unlock(&s->mu);
+      if (*stp >= 1) {
+        pthread_mutex_lock(&s->mu);
+        l->tokens_per_step = *tok / *stp;
+        pthread_mutex_unlock(&s->mu);
+      }
     } else if (*tok > l->tokens_per_step * *stp * TOKENS_SLACK + 1) {
-      snprintf(why, wn, "claims %.4g tokens in %.0f steps, its declared %.4g tokens per step allow %.4g", *tok, *stp,
-               l->tokens_per_step, l->tokens_per_step * *stp);
-      distro__syncer_log(s, "learner %d fragment %d: %s; tokens cut", id, p, why);
+      snprintf(why, wn, "claims %.4g tokens in %.0f steps, its %s %.4g tokens per step allow %.4g", *tok, *stp,
+               l->tps_declared ? "declared" : "first report's", l->tokens_per_step, l->tokens_per_step * *stp);
+      distro__syncer_log(s, "learner %d fragment %d: %s; tokens %s", id, p, why, verdict);
+      if (refuse) return -1;
       *tok = l->tokens_per_step * *stp;
       cut = 1;
     }
@@ -158,7 +257,8 @@ static int check_claims(distro_syncer *s, int p, int id, sy_learner *l, double *
 }
 
 int distro__syncer_screen(distro_syncer *s, int p, int n, const int *ids, float *const *deltas, double *tok,
-                          double *stp, double *w, int *keep, double *norm, double now) {
+                          double *stp, const double *max_stp, const double *max_by_time, double *w, int *keep,
+                          double *norm, double now) {
   const distro_syncer_options *o = &s->opt;
   const sy_fragment *F = &s->frag[p];
   const int64_t numel = s->L.frags.numel[p];
@@ -179,10 +279,20 @@ int distro__syncer_screen(distro_syncer *s, int p, int n, const int *ids, float 
   uint64_t clipped = 0, refused = 0, capped = 0;
   for (int i = 0; i < n; i++) {
     sy_learner *l = s->learners[ids[i]];
-    if (l && o->weight_cap > 0 && check_claims(s, p, ids[i], l, &tok[i], &stp[i], why[i], sizeof why[i])) {
+    const int claims = l && o->weight_cap > 0
+                           ? check_claims(s, p, ids[i], l, &tok[i], &stp[i], max_stp[i], max_by_time[i], why[i],
+                                          sizeof why[i])
+                           : 0;
+    if (claims > 0) {
       out[i] = 1;
       l->capped++;
       capped++;
+    } else if (claims < 0) {
+      out[i] = 1;
+      keep[i] = 0;
+      refused++;
+      l->refused++;
+      continue;
     }
     if (norm[i] <= bound) continue;
     snprintf(why[i], sizeof why[i], "report norm %.4g > bound %.4g (%g x median %.4g, %g x |Theta| %.4g)", norm[i],

@@ -76,10 +76,12 @@ distro_status distro_learner_create(const distro_learner_options *o, distro_lear
     return distro__fail(DISTRO_ERR_INVALID, "learner options: NULL or version %d (want 1 to %d)",
                         o ? o->version : -1, DISTRO_LEARNER_OPTIONS_VERSION);
   distro_learner_options oo = distro_learner_options_default();
-  /* Version 1 ends before `comm`, version 2 before `insecure`. */
+  /* Version 1 ends before `comm`, version 2 before `insecure`, version 3
+   * before `tokens_per_step`. */
   memcpy(&oo, o,
          o->version == 1   ? offsetof(distro_learner_options, comm)
          : o->version == 2 ? offsetof(distro_learner_options, insecure)
+         : o->version == 3 ? offsetof(distro_learner_options, tokens_per_step)
                            : sizeof oo);
   o = &oo;
   if (o->comm && (distro_comm_size(o->comm) < 1 || distro_comm_rank(o->comm) < 0))
@@ -96,6 +98,9 @@ distro_status distro_learner_create(const distro_learner_options *o, distro_lear
     return distro__fail(DISTRO_ERR_INVALID, "learner options: CURVE needs both curve_server_key and curve_keypair");
   if (o->curve_allowed && !o->curve_keypair)
     return distro__fail(DISTRO_ERR_INVALID, "learner options: curve_allowed needs curve_keypair");
+  if (o->tokens_per_step > ((uint64_t)1 << 53))
+    return distro__fail(DISTRO_ERR_INVALID, "learner options: tokens_per_step %llu > 2^53",
+                        (unsigned long long)o->tokens_per_step);
   if ((st = check_endpoints(o)) != DISTRO_OK) return st;
   l = calloc(1, sizeof *l);
   if (!l) return distro__fail(DISTRO_ERR_NOMEM, "out of memory");
@@ -356,6 +361,12 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
     if (l->rank != 0) return distro__ln_dp_follow(l, out);
   }
   l->tokens += tokens;
+  if (l->opt.tokens_per_step && tokens > l->opt.tokens_per_step && !l->tps_warned) {
+    l->tps_warned = 1;
+    distro__ln_log(l, "a step of %llu tokens exceeds the declared tokens_per_step %llu: the syncer cuts the token "
+                      "claims of its reports to the declared rate",
+                   (unsigned long long)tokens, (unsigned long long)l->opt.tokens_per_step);
+  }
   const int P = l->L.P;
   /* Data-parallel: what the other ranks must repeat (see dp_follow). */
   uint64_t *ctl_ap = l->comm ? l->ctl + 2 : NULL, *ctl_rq = l->comm ? l->ctl + 2 + 3 * (size_t)P : NULL;
@@ -479,6 +490,7 @@ distro_status distro_learner_step(distro_learner *l, uint64_t tokens, distro_lea
     q->m.e = l->step_ema;
     q->m.payload_bytes = (uint32_t)l->L.frag_bytes[p];
     q->payload = pl;
+    q->step = (uint64_t)l->tstep;
     pthread_mutex_lock(&l->mu);
     if (l->out_tail) l->out_tail->next = q;
     else l->out_head = q;

@@ -101,6 +101,7 @@ static void send_hello(bg *b, double now) {
   m.fragment = DISTRO__SY_NONE;
   m.a = l->signature;
   m.b = b->has_state ? DISTRO__SY_HELLO_HAS_STATE : 0u;
+  m.c = l->opt.tokens_per_step;
   m.payload_bytes = (uint32_t)n;
   send_syncer(b, &m, buf);
   free(buf);
@@ -541,6 +542,10 @@ static void on_syncer_msg(bg *b, distro__sy_frames *fr, double now) {
         char j[DISTRO__SY_MAX_ERROR + 64];
         snprintf(j, sizeof j, "the syncer refused this model: %s", msg);
         set_join(l, J_FAILED, DISTRO_ERR_SHAPE, j);
+      } else if (m.a == DISTRO_SYNC_E_REFUSED && m.b == DISTRO__SY_HELLO && js != J_DONE) {
+        char j[DISTRO__SY_MAX_ERROR + 64];
+        snprintf(j, sizeof j, "the syncer refused this learner: %s", msg);
+        set_join(l, J_FAILED, DISTRO_ERR_INVALID, j);
       } else if (m.a == DISTRO_SYNC_E_NOT_READY && js != J_DONE) {
         b->next_hello = now + 0.2;
         if (js == J_FETCH) b->t_join_step = now - join_step_s(l) + 1.0; /* rate-limited: hello again in 1 s */
@@ -603,6 +608,20 @@ static void flush_out(bg *b) {
   pthread_mutex_unlock(&l->mu);
   while (q) {
     ln_out *next = q->next;
+    if (q->m.type == DISTRO__SY_REPORT) {
+      /* The syncer holds a report's steps to this learner's step counter
+       * (docs/protocol.md, "Honest token weights"): the counter at the
+       * report's own step goes first. */
+      distro__sy_msg h = {0};
+      h.type = DISTRO__SY_HEARTBEAT;
+      h.fragment = DISTRO__SY_NONE;
+      h.a = q->step;
+      h.b = DISTRO__SY_HB_READY;
+      pthread_mutex_lock(&l->mu);
+      h.e = l->hb_step_s;
+      pthread_mutex_unlock(&l->mu);
+      send_syncer(b, &h, NULL);
+    }
     send_syncer(b, &q->m, q->payload);
     free(q->payload);
     free(q);

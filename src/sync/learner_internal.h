@@ -16,6 +16,7 @@ enum { J_IDLE, J_HELLO, J_SEEDING, J_PEER, J_FETCH, J_DONE, J_FAILED };
 typedef struct ln_out {
   distro__sy_msg m;
   uint8_t *payload;
+  uint64_t step;            /* a REPORT's: the step it was made at (the HEARTBEAT sent before it) */
   struct ln_out *next;
 } ln_out;
 
@@ -97,6 +98,7 @@ struct distro_learner {
   int fr;                   /* fragmenting and max_block from WELCOME (to lay out the other ranks) */
   int64_t maxb;
   uint64_t tokens;          /* counted since start, all ranks */
+  int tps_warned;           /* logged a step over opt.tokens_per_step */
   uint64_t *ctl;            /* control block broadcast by rank 0 every step */
   size_t ctl_words;
   float *stage;             /* the applied fragments' values, packed */

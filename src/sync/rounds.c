@@ -127,7 +127,7 @@ static void merge(distro_syncer *s, int p, double now) {
   const int64_t n = f->numel[p];
   const int nr = F->nrep;
   const double t0 = distro__sy_now();
-  double tok[256], stp[256], w[256];
+  double tok[256], stp[256], mstp[256], mtime[256], w[256];
   if (nr > 256 || ensure_deltas(s, nr) != 0) {
     distro__syncer_log(s, "fragment %d: %d reports, cannot merge (memory)", p, nr);
     drop_reports(F);
@@ -152,11 +152,13 @@ static void merge(distro_syncer *s, int p, double now) {
     }
     tok[i] = rp->tokens;
     stp[i] = rp->steps;
+    mstp[i] = rp->max_steps;
+    mtime[i] = rp->max_by_time;
     ids[i] = rp->learner;
   }
   /* Bounds, token claims and weights (bounds.c); refused reports leave the
    * merge (they stay in F->rep only to be freed). */
-  const int nk = distro__syncer_screen(s, p, nr, ids, s->deltas, tok, stp, w, keep, nrm, now);
+  const int nk = distro__syncer_screen(s, p, nr, ids, s->deltas, tok, stp, mstp, mtime, w, keep, nrm, now);
   for (int i = 0; i < nr; i++) {
     sy_learner *l = s->learners[ids[i]];
     if (keep[i] || !l || !l->alive) continue;
@@ -293,6 +295,7 @@ static void merge(distro_syncer *s, int p, double now) {
     m.c = cnt;
     m.d = newest;
     distro__syncer_send_to(s, l, &m, F->global);
+    distro__syncer_fragment_sent(s, l, p, F->version);
     bytes_out += 4 * (uint64_t)n + DISTRO__SY_HEADER;
   }
   const double t1 = distro__sy_now();

@@ -171,13 +171,17 @@ static void send_welcome(distro_syncer *s, const sy_learner *l, uint32_t learner
   free(buf);
 }
 
-static sy_learner *enroll(distro_syncer *s, route r, uint32_t id, const distro__sy_hello *h, double now) {
+static sy_learner *enroll(distro_syncer *s, route r, const distro__sy_msg *m, const distro__sy_hello *h,
+                          double now) {
+  const uint32_t id = m->learner;
   sy_learner *l = s->learners[id];
+  const int fresh = !l;
   if (!l) {
     l = calloc(1, sizeof *l);
     if (!l) return NULL;
     s->learners[id] = l;
   }
+  distro__syncer_hello_claims(s, l, fresh, (m->b & DISTRO__SY_HELLO_HAS_STATE) != 0, m->c, now);
   const int moved = l->alive && (l->rid_n != r.rid_n || memcmp(l->rid, r.rid, r.rid_n) != 0);
   if (moved) distro__syncer_log(s, "learner %u says hello from a new connection (replaces the old one)", (unsigned)id);
   if (!l->alive) l->last_fetch = 0;
@@ -266,6 +270,16 @@ static void on_hello(distro_syncer *s, route r, const distro__sy_msg *m, const u
            (long long)s->opt.max_params);
     return;
   }
+  /* Tokens per step (c): fixed for the job per learner id. */
+  if (m->c > (1ull << 53)) {
+    reject(s, r, id, DISTRO_SYNC_E_MALFORMED, m->type, DISTRO__SY_NONE, 0,
+           "HELLO declares %llu tokens per step (> 2^53)", (unsigned long long)m->c);
+    return;
+  }
+  if (distro__syncer_hello_tokens(s, (int)id, m->c, why, sizeof why)) {
+    reject(s, r, id, DISTRO_SYNC_E_REFUSED, m->type, DISTRO__SY_NONE, 0, "%s", why);
+    return;
+  }
   const int has_state = (m->b & DISTRO__SY_HELLO_HAS_STATE) != 0;
   if (s->have_layout && !same_layout(s, m, &h)) {
     const int seeder_alive = s->seeder >= 0 && s->learners[s->seeder] && s->learners[s->seeder]->alive;
@@ -305,7 +319,7 @@ static void on_hello(distro_syncer *s, route r, const distro__sy_msg *m, const u
              "learner %d is seeding the global copy; say hello again", s->seeder);
       return;
     }
-    sy_learner *l = enroll(s, r, id, &h, now);
+    sy_learner *l = enroll(s, r, m, &h, now);
     if (!l) return;
     s->seeder = (int)id;
     s->t_seed_asked = now;
@@ -314,7 +328,7 @@ static void on_hello(distro_syncer *s, route r, const distro__sy_msg *m, const u
     send_welcome(s, l, id, DISTRO__SY_WELCOME_SEED, NULL, 0);
     return;
   }
-  sy_learner *l = enroll(s, r, id, &h, now);
+  sy_learner *l = enroll(s, r, m, &h, now);
   if (!l) return;
   l->ready = has_state;
   l->rejoined = has_state;
@@ -552,7 +566,9 @@ static void on_report(distro_syncer *s, route r, sy_learner *l, const distro__sy
   rp->tokens = (double)m->c;
   rp->steps = (double)m->d;
   rp->late = late;
+  rp->max_steps = distro__syncer_steps_bound(s, l, (int)p, m->b, now, &rp->max_by_time);
   if (m->e > 0) l->step_s = m->e;
+  if (m->e > 0 && (l->step_min <= 0 || m->e < l->step_min)) l->step_min = m->e;
   l->reports++;
   pthread_mutex_lock(&s->mu);
   s->reports++;
@@ -644,6 +660,7 @@ void distro__syncer_handle(distro_syncer *s, distro__sy_frames *fr, double now) 
         break;
       }
       if (m.e > 0) l->step_s = m.e;
+      if (m.e > 0 && (l->step_min <= 0 || m.e < l->step_min)) l->step_min = m.e;
       if (m.a > l->hb_steps) l->hb_steps = m.a;
       if ((m.b & DISTRO__SY_HB_READY) && !l->ready) {
         l->ready = 1;

@@ -14,7 +14,9 @@
 /* ---------------------------------------------------------- messages */
 
 #define DISTRO__SY_MAGIC 0x31595344u /* "DSY1" little-endian */
-#define DISTRO__SY_PROTOCOL 2
+/* 3: HELLO c declares the learner's tokens per step; a learner sends a
+ * HEARTBEAT with the report's step right before every REPORT. */
+#define DISTRO__SY_PROTOCOL 3
 #define DISTRO__SY_HEADER 72
 #define DISTRO__SY_NONE 0xffffffffu
 

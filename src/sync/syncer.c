@@ -178,9 +178,11 @@ distro_status distro_syncer_create(const distro_syncer_options *o, distro_syncer
     return distro__fail(DISTRO_ERR_INVALID, "syncer options: NULL or version %d (want 1 to %d)", o ? o->version : -1,
                         DISTRO_SYNCER_OPTIONS_VERSION);
   distro_syncer_options oo = distro_syncer_options_default();
-  /* Version 1 ends before `insecure`, version 2 before `robust`. */
+  /* Version 1 ends before `insecure`, version 2 before `robust`, version 3
+   * before `min_step_s`. */
   memcpy(&oo, o, o->version == 1   ? offsetof(distro_syncer_options, insecure)
                  : o->version == 2 ? offsetof(distro_syncer_options, robust)
+                 : o->version == 3 ? offsetof(distro_syncer_options, min_step_s)
                                    : sizeof oo);
   if (oo.max_params == 0) oo.max_params = distro_syncer_options_default().max_params;
   o = &oo;
@@ -271,7 +273,8 @@ void distro_syncer_stop(distro_syncer *s) {
 
 void distro_syncer_free(distro_syncer *s) {
   if (!s) return;
-  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++) free(s->learners[i]);
+  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
+    if (s->learners[i]) free(s->learners[i]->win), free(s->learners[i]);
   if (s->router) zmq_close(s->router);
   if (s->zap) zmq_close(s->zap);
   if (s->ctx) zmq_ctx_term(s->ctx);

@@ -13,6 +13,22 @@
 #define DISTRO__SY_MAX_LEARNERS 256
 #define DISTRO__SY_NORM_HIST 16
 
+/* What bounds a learner's claimed steps for one fragment (bounds.c): its
+ * last accepted report of the fragment, and for the last few versions sent
+ * to it, where a report based on that version can start counting. */
+#define DISTRO__SY_ANCHORS 4
+typedef struct sy_anchor {
+  uint64_t version;
+  double t, hb;            /* t < 0: unknown (no time bound) */
+  int valid;
+} sy_anchor;
+typedef struct sy_window {
+  double rep_t, rep_hb;    /* its last accepted report of the fragment: received when, its step counter then */
+  int rep_ok;
+  sy_anchor anc[DISTRO__SY_ANCHORS];
+  int next;
+} sy_window;
+
 typedef struct sy_learner {
   int alive;
   int ready;               /* holds a consistent copy (serves peers) */
@@ -29,8 +45,12 @@ typedef struct sy_learner {
   uint64_t clipped, refused, capped, quarantines;
   int strikes;             /* out-of-bound reports minus in-bound ones (>= 0) */
   double quarantined_until; /* its reports are refused and it is not asked until then */
-  double tokens_per_step;  /* fixed by its first accepted report (0: none yet) */
+  double tokens_per_step;  /* fixed for the job: declared at HELLO, else by its first accepted report (0: none) */
+  int tps_declared;        /* tokens_per_step came from a HELLO */
   uint64_t hb_steps;       /* its heartbeat step counter (this connection) */
+  double t_start;          /* its process said hello (b = 0) then; < 0: not known (it rejoined with its state) */
+  double step_min;         /* the fastest step time it claimed since then (0: none) */
+  sy_window *win;          /* per fragment (P), from its first report (NULL: none yet) */
   double share, share_max; /* weight share in its last merge, and the largest */
 } sy_learner;
 
@@ -38,6 +58,8 @@ typedef struct sy_report {
   int learner;
   uint64_t round, base;
   double tokens, steps;
+  double max_steps;        /* the most steps it may claim (bounds.c, at arrival) */
+  double max_by_time;      /* the elapsed time's part of that bound (INFINITY: none) */
   uint8_t *enc;            /* encoded outer gradient (layout.frag_bytes[p]) */
   int late;                /* arrived after its round closed (or its round was abandoned) */
 } sy_report;
@@ -150,13 +172,27 @@ int distro__syncer_quarantined(const distro_syncer *s, int id, double now);
  * capped hard) or within them (out = 0); quarantines after too many. */
 void distro__syncer_strike(distro_syncer *s, int id, int out, double now, const char *why);
 /* Before a merge of fragment p: bounds the n decoded reports (deltas) of
- * learners ids[] with claims tok/stp: clips them in place, or marks
- * keep[i] = 0 (refused); caps the token claims, and writes the weights w
- * (sum 1 over the kept ones, 0 for the others) and each report's norm
- * after clipping. Logs each event with the learner id. Returns the
- * reports kept. */
+ * learners ids[] with claims tok/stp (at most max_stp steps): clips them in
+ * place, or marks keep[i] = 0 (refused); cuts the claims (or, with REFUSE,
+ * refuses the report), and writes the weights w (sum 1 over the kept ones,
+ * 0 for the others) and each report's norm after clipping. Logs each event
+ * with the learner id. Returns the reports kept. */
 int distro__syncer_screen(distro_syncer *s, int p, int n, const int *ids, float *const *deltas, double *tok,
-                          double *stp, double *w, int *keep, double *norm, double now);
+                          double *stp, const double *max_stp, const double *max_by_time, double *w, int *keep,
+                          double *norm, double now);
+/* A HELLO of learner id declaring tps tokens per step (0: none): 0 when it
+ * agrees with what the job fixed for the id, else -1 and the reason. */
+int distro__syncer_hello_tokens(const distro_syncer *s, int id, uint64_t tps, char *why, size_t n);
+/* The learner said hello (enroll): fixes a declared tokens per step, and a
+ * fresh process (has_state 0) starts its step windows now. */
+void distro__syncer_hello_claims(distro_syncer *s, sy_learner *l, int fresh_record, int has_state, uint64_t tps,
+                                 double now);
+/* A report of fragment p based on version `base` was accepted now: the
+ * most steps it may claim (and in *by_time the elapsed time's bound alone,
+ * INFINITY when none); remembers it as the learner's last report of p. */
+double distro__syncer_steps_bound(distro_syncer *s, sy_learner *l, int p, uint64_t base, double now, double *by_time);
+/* Fragment p at `version` was sent to the learner. */
+void distro__syncer_fragment_sent(distro_syncer *s, sy_learner *l, int p, uint64_t version);
 /* After a merge: remembers the kept reports' norms for later bounds. */
 void distro__syncer_remember_norms(distro_syncer *s, int p, int n, const double *norm, const int *keep);
 /* The robust merge: coordinate-wise trimmed mean of n reports dropping f

@@ -175,22 +175,27 @@ static void *learner_main(void *arg) {
   o.log = L->log;
   if (L->serve_endpoint) o.serve_endpoint = L->serve_endpoint;
   o.curve_allowed = L->allowed;
+  o.tokens_per_step = L->declared;
   const int nb = L->n / 4, nw = L->n - nb;
   distro_status st = distro_learner_create(&o, &L->l);
   if (st == DISTRO_OK) st = distro_learner_add_tensor(L->l, "w", L->theta, nw, 0);
   if (st == DISTRO_OK) st = distro_learner_add_tensor(L->l, "b", L->theta + nw, nb, 0);
+  if (st == DISTRO_OK && L->before_start) L->before_start(L);
   if (st == DISTRO_OK) st = distro_learner_start(L->l);
   L->start_status = st;
   if (st != DISTRO_OK) {
     snprintf(L->start_error, sizeof L->start_error, "%s", distro_last_error());
     distro_learner_free(L->l);
     L->l = NULL;
+    atomic_store(&L->started, 1);
     return NULL;
   }
+  atomic_store(&L->started, 1);
   for (long t = 0; !atomic_load(&L->stop) && (L->steps == 0 || t < L->steps); t++) {
     for (int i = 0; i < L->n; i++) L->theta[i] -= (float)(L->lr * (L->theta[i] - L->target));
     if (L->step_ms > 0) sh_sleep(L->step_ms * 1e-3);
     distro_learner_step(L->l, L->tokens_per_step, &L->last);
+    if (L->after_step) L->after_step(L);
     atomic_store(&L->done, t + 1);
   }
   return NULL;
@@ -203,6 +208,11 @@ int sh_learner_run(sh_learner *L) {
     for (int i = 0; i < L->n; i++) L->theta[i] = (float)(0.1 * sin(0.7 * i));
   }
   return pthread_create(&L->th, NULL, learner_main, L);
+}
+
+distro_status sh_learner_wait_start(sh_learner *L, double seconds) {
+  for (double t0 = sh_now(); !atomic_load(&L->started) && sh_now() - t0 < seconds;) sh_sleep(0.01);
+  return atomic_load(&L->started) ? L->start_status : DISTRO_ERR_TIMEOUT;
 }
 
 void sh_learner_join(sh_learner *L) {

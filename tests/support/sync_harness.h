@@ -74,10 +74,19 @@ typedef struct sh_learner {
   distro_sync_log_fn log;           /* NULL: silent */
   const char *serve_endpoint;       /* NULL: the default */
   const char *allowed;              /* curve_allowed of its state endpoint (NULL: any key) */
+  uint64_t declared;                /* options' tokens_per_step, declared at HELLO (0: none) */
+  /* Optional: called before distro_learner_start (a test installs a report
+   * hook), and after every step. */
+  void (*before_start)(struct sh_learner *L);
+  void (*after_step)(struct sh_learner *L);
+  void *ctx;                        /* for them */
+  atomic_int started;               /* distro_learner_start returned (start_status) */
 } sh_learner;
 
 void sh_learner_init(sh_learner *L, const char *endpoint, int id, int n, double target, double step_ms);
 int sh_learner_run(sh_learner *L);  /* starts the thread */
+/* Waits up to `seconds` for distro_learner_start to return; its status. */
+distro_status sh_learner_wait_start(sh_learner *L, double seconds);
 void sh_learner_join(sh_learner *L); /* sets stop, joins, frees */
 
 #endif
