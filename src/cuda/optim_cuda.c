@@ -19,6 +19,7 @@
 #include "comm/comm_internal.h"
 #include "cuda/cuda_internal.h"
 #include "optim/optim_internal.h"
+#include "optim/step_rule.h"
 
 typedef struct {
   float *param;       /* fp32 parameters, or the master copy */
