@@ -91,7 +91,7 @@ function(distro_fuzz_setup)
             -D_POSIX_C_SOURCE=200809L -DDISTRO_BUILDING=1 "-DDISTRO_VERSION=\"${PROJECT_VERSION}\""
             -I${PROJECT_SOURCE_DIR}/include -I${src} ${DISTRO_WARN})
   set(common ${src}/compress/wire.c ${src}/compress/frame.c ${src}/compress/value_codec.c ${src}/compress/chunk.c
-             ${src}/common/crc32c.c ${src}/common/error.c)
+             ${src}/compress/codec_fault.c ${src}/common/crc32c.c ${src}/common/error.c)
   distro_fuzz_target(fuzz_wire FUZZ_WIRE_SEED_MAIN ${common})
   distro_fuzz_target(fuzz_wire2 FUZZ_WIRE2_SEED_MAIN ${common} ${src}/compress/wire2.c
                      ${src}/compress/index_codec.c)

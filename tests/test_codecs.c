@@ -56,6 +56,11 @@ static void rrice(rbits *w, uint64_t v, int b) {
 }
 static size_t rbytes(const rbits *w) { return (w->pos + 7) / 8; }
 
+/* 1 when a section decoder's fault is `kind` at `chunk`. */
+static int fault_is(distro__codec_fault f, distro__codec_fault_kind kind, int64_t chunk) {
+  return f.kind == kind && f.chunk == chunk;
+}
+
 /* ---- exact binomials: little 256-bit integers ---------------------------- */
 
 typedef struct {
@@ -414,9 +419,9 @@ static size_t check_codec(const uint32_t *idx, int64_t nchunks, int64_t k, int64
   cr_assert_eq(memcmp(lib, ref, want), 0, "%s codec %d param %d n %lld k %lld: bytes differ from the reference (seed %llu)",
                what, codec, param, (long long)n, (long long)k, SEED);
   memset(back, 0xab, sizeof(uint32_t) * count);
-  int64_t rc = distro__idx_decode(lib, want, nchunks, k, n, et, codec, param, back);
-  cr_assert_eq(rc, 0, "%s codec %d param %d n %lld k %lld: decode %lld (seed %llu)", what, codec, param, (long long)n,
-               (long long)k, (long long)rc, SEED);
+  const distro__codec_fault rc = distro__idx_decode(lib, want, nchunks, k, n, et, codec, param, back);
+  cr_assert_eq(rc.kind, DISTRO__CODEC_OK, "%s codec %d param %d n %lld k %lld: fault %d at chunk %lld (seed %llu)",
+               what, codec, param, (long long)n, (long long)k, (int)rc.kind, (long long)rc.chunk, SEED);
   cr_assert_eq(memcmp(back, idx, sizeof(uint32_t) * count), 0, "%s codec %d n %lld k %lld: indices differ (seed %llu)",
                what, codec, (long long)n, (long long)k, SEED);
   if (want > 0)
@@ -627,8 +632,8 @@ Test(codecs, enum_ranks) {
       rbits w;
       rinit(&w, buf, sizeof buf);
       rput128(&w, rank, bits);
-      cr_assert_eq(distro__idx_decode(buf, len, 1, k, n, &et, DISTRO__IDX_ENUM, 0, got), 0, "n %lld k %lld rank #%d",
-                   (long long)n, (long long)k, t);
+      cr_assert_eq(distro__idx_decode(buf, len, 1, k, n, &et, DISTRO__IDX_ENUM, 0, got).kind, DISTRO__CODEC_OK,
+                   "n %lld k %lld rank #%d", (long long)n, (long long)k, t);
       u128 back = 0, c;
       for (int64_t j = 0; j < k; j++) {
         if (j) cr_assert_gt(got[j], got[j - 1]);
@@ -650,8 +655,9 @@ Test(codecs, enum_ranks) {
       rbits w;
       rinit(&w, buf, sizeof buf);
       rput128(&w, rank, bits);
-      cr_assert_eq(distro__idx_decode(buf, len, 1, k, n, &et, DISTRO__IDX_ENUM, 0, got), -1,
-                   "n %lld k %lld: a rank >= C(n, k) must be rejected (seed %llu)", (long long)n, (long long)k, SEED);
+      cr_assert(
+          fault_is(distro__idx_decode(buf, len, 1, k, n, &et, DISTRO__IDX_ENUM, 0, got), DISTRO__CODEC_INDEX_ORDER, 0),
+          "n %lld k %lld: a rank >= C(n, k) must be rejected (seed %llu)", (long long)n, (long long)k, SEED);
     }
     /* In the second of two chunks, the error names chunk 1. */
     uint8_t two[32];
@@ -660,7 +666,8 @@ Test(codecs, enum_ranks) {
     rput128(&w, 0, bits);
     rput128(&w, C <= top ? C : 0, bits);
     if (C <= top)
-      cr_assert_eq(distro__idx_decode(two, (size_t)(2 * bits + 7) / 8, 2, k, n, &et, DISTRO__IDX_ENUM, 0, got), -2);
+      cr_assert(fault_is(distro__idx_decode(two, (size_t)(2 * bits + 7) / 8, 2, k, n, &et, DISTRO__IDX_ENUM, 0, got),
+                         DISTRO__CODEC_INDEX_ORDER, 1));
     free(got);
     distro__enum_table_destroy(&et);
   }
@@ -686,15 +693,18 @@ Test(codecs, index_decode_rejects_bad_framing) {
       const distro__enum_table *e = has ? &et : NULL;
       size_t len = distro__idx_encode(idx, nchunks, k, n, e, (distro__idx_codec)codec, param, buf, 1 << 20);
       cr_assert_gt(len, 0);
-      cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, e, (distro__idx_codec)codec, param, back), 0);
+      cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, e, (distro__idx_codec)codec, param, back).kind,
+                   DISTRO__CODEC_OK);
       for (size_t cut = 1; cut <= 3 && cut <= len; cut++)
-        cr_assert_eq(distro__idx_decode(buf, len - cut, nchunks, k, n, e, (distro__idx_codec)codec, param, back),
-                     INT64_MIN, "codec %d n %lld: truncated by %zu accepted (seed %llu)", codec, (long long)n, cut, SEED);
+        cr_assert_eq(distro__idx_decode(buf, len - cut, nchunks, k, n, e, (distro__idx_codec)codec, param, back).kind,
+                     DISTRO__CODEC_INDEX_SECTION, "codec %d n %lld: truncated by %zu accepted (seed %llu)", codec,
+                     (long long)n, cut, SEED);
       for (int extra = 1; extra <= 2; extra++) {
         buf[len] = extra == 1 ? 0 : (uint8_t)(1 + tu_next(&r) % 255);
         buf[len + 1] = 0;
-        cr_assert_eq(distro__idx_decode(buf, len + (size_t)extra, nchunks, k, n, e, (distro__idx_codec)codec, param, back),
-                     INT64_MIN, "codec %d n %lld: extra byte accepted (seed %llu)", codec, (long long)n, SEED);
+        cr_assert_eq(
+            distro__idx_decode(buf, len + (size_t)extra, nchunks, k, n, e, (distro__idx_codec)codec, param, back).kind,
+            DISTRO__CODEC_INDEX_SECTION, "codec %d n %lld: extra byte accepted (seed %llu)", codec, (long long)n, SEED);
       }
       /* Padding: every bit above the last coded bit must be zero. */
       uint64_t bits = codec == DISTRO__IDX_FIXED    ? (uint64_t)(nchunks * k) * (uint64_t)ref_fixed_width(n)
@@ -703,24 +713,29 @@ Test(codecs, index_decode_rejects_bad_framing) {
                                                     : (uint64_t)nchunks * (uint64_t)et.bits;
       for (int bit = (int)(bits % 8); bits % 8 && bit < 8; bit++) {
         buf[len - 1] ^= (uint8_t)(1u << bit);
-        cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, e, (distro__idx_codec)codec, param, back), INT64_MIN,
-                     "codec %d n %lld k %lld: padding bit %d accepted", codec, (long long)n, (long long)k, bit);
+        cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, e, (distro__idx_codec)codec, param, back).kind,
+                     DISTRO__CODEC_INDEX_SECTION, "codec %d n %lld k %lld: padding bit %d accepted", codec,
+                     (long long)n, (long long)k, bit);
         buf[len - 1] ^= (uint8_t)(1u << bit);
       }
-      cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, e, (distro__idx_codec)codec, param, back), 0);
+      cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, e, (distro__idx_codec)codec, param, back).kind,
+                   DISTRO__CODEC_OK);
     }
     /* Codec numbers and parameters the format does not have. */
     size_t len = distro__idx_encode(idx, nchunks, k, n, NULL, DISTRO__IDX_FIXED, 0, buf, 1 << 20);
     const int bad_codecs[] = {4, 5, 127, 255};
     for (int b = 0; b < 4; b++)
-      cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, (distro__idx_codec)bad_codecs[b], 0, back), INT64_MIN);
-    cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, DISTRO__IDX_RICE, 31, back), INT64_MIN);
-    cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, DISTRO__IDX_RICE, 255, back), INT64_MIN);
-    cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, DISTRO__IDX_ENUM, 0, back), INT64_MIN,
-                 "ENUM without a table");
+      cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, (distro__idx_codec)bad_codecs[b], 0, back).kind,
+                   DISTRO__CODEC_INDEX_SECTION);
+    cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, DISTRO__IDX_RICE, 31, back).kind,
+                 DISTRO__CODEC_INDEX_SECTION);
+    cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, DISTRO__IDX_RICE, 255, back).kind,
+                 DISTRO__CODEC_INDEX_SECTION);
+    cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, DISTRO__IDX_ENUM, 0, back).kind,
+                 DISTRO__CODEC_INDEX_SECTION, "ENUM without a table");
     if (n > 4096)
-      cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, DISTRO__IDX_PACK12, 0, back), INT64_MIN,
-                   "PACK12 for chunks over 4096 elements");
+      cr_assert_eq(distro__idx_decode(buf, len, nchunks, k, n, NULL, DISTRO__IDX_PACK12, 0, back).kind,
+                   DISTRO__CODEC_INDEX_SECTION, "PACK12 for chunks over 4096 elements");
     free(idx);
     free(back);
     free(buf);
@@ -772,9 +787,11 @@ Test(codecs, index_decode_rejects_bad_indices) {
         rbits w;
         rinit(&w, buf, sizeof buf);
         for (int64_t j = 0; j < nchunks * k; j++) rput(&w, mut[j], width);
-        int64_t rc = distro__idx_decode(buf, rbytes(&w), nchunks, k, n, NULL, (distro__idx_codec)codec, 0, back);
-        cr_assert_eq(rc, -(1 + ch), "codec %d n %lld k %lld kind %d chunk %lld: got %lld (seed %llu)", codec,
-                     (long long)n, (long long)k, kind, (long long)ch, (long long)rc, SEED);
+        const distro__codec_fault rc =
+            distro__idx_decode(buf, rbytes(&w), nchunks, k, n, NULL, (distro__idx_codec)codec, 0, back);
+        cr_assert(fault_is(rc, DISTRO__CODEC_INDEX_ORDER, ch),
+                  "codec %d n %lld k %lld kind %d chunk %lld: got fault %d at chunk %lld (seed %llu)", codec,
+                  (long long)n, (long long)k, kind, (long long)ch, (int)rc.kind, (long long)rc.chunk, SEED);
       }
     }
   }
@@ -785,7 +802,7 @@ Test(codecs, index_decode_rejects_bad_indices) {
   rinit(&w, buf, sizeof buf);
   for (int j = 0; j < 4; j++) rput(&w, ok[j], 8);
   uint32_t back[4];
-  cr_assert_eq(distro__idx_decode(buf, 4, 2, 2, 4, NULL, DISTRO__IDX_FIXED, 0, back), 0);
+  cr_assert_eq(distro__idx_decode(buf, 4, 2, 2, 4, NULL, DISTRO__IDX_FIXED, 0, back).kind, DISTRO__CODEC_OK);
   cr_assert_eq(memcmp(back, ok, sizeof ok), 0);
 }
 
@@ -820,12 +837,16 @@ Test(codecs, index_decode_rejects_rice_overrun) {
           rrice(&w, g, b);
         }
       uint32_t back[18];
-      int64_t rc = distro__idx_decode(buf, rbytes(&w), nchunks, k, n, NULL, DISTRO__IDX_RICE, b, back);
+      const distro__codec_fault rc =
+          distro__idx_decode(buf, rbytes(&w), nchunks, k, n, NULL, DISTRO__IDX_RICE, b, back);
       /* The bad chunk is named, unless its quotient alone exceeds what any
        * gap in [0, n) can have, which is a malformed section. */
-      cr_assert(rc == -(1 + bad) || rc == INT64_MIN, "n %lld k %lld b %d: got %lld (seed %llu)", (long long)n,
-                (long long)k, b, (long long)rc, SEED);
-      if (strict) cr_assert_eq(rc, -(1 + bad), "n %lld k %lld b %d (seed %llu)", (long long)n, (long long)k, b, SEED);
+      cr_assert(fault_is(rc, DISTRO__CODEC_INDEX_ORDER, bad) || rc.kind == DISTRO__CODEC_INDEX_SECTION,
+                "n %lld k %lld b %d: got fault %d at chunk %lld (seed %llu)", (long long)n, (long long)k, b,
+                (int)rc.kind, (long long)rc.chunk, SEED);
+      if (strict)
+        cr_assert(fault_is(rc, DISTRO__CODEC_INDEX_ORDER, bad), "n %lld k %lld b %d (seed %llu)", (long long)n,
+                  (long long)k, b, SEED);
       free(buf);
     }
   }
@@ -942,16 +963,19 @@ Test(codecs, values_f32_sign1_exact) {
       cr_assert_eq(distro__val_encode(DISTRO_VALUES_F32, 0, v, nchunks, k, buf, (size_t)count * 4 - 1), 0);
       cr_assert_eq(distro__val_encode(DISTRO_VALUES_F32, 0, v, nchunks, k, buf, (size_t)count * 4), (size_t)count * 4);
       cr_assert_eq(memcmp(buf, v, (size_t)count * 4), 0);
-      cr_assert_eq(distro__val_decode(DISTRO_VALUES_F32, 0, buf, (size_t)count * 4, nchunks, k, back), 0);
+      cr_assert_eq(distro__val_decode(DISTRO_VALUES_F32, 0, buf, (size_t)count * 4, nchunks, k, back).kind,
+                   DISTRO__CODEC_OK);
       for (int64_t j = 0; j < count; j++) cr_assert_eq(f2u(back[j]), f2u(v[j]), "F32 value %lld", (long long)j);
-      cr_assert_eq(distro__val_decode(DISTRO_VALUES_F32, 0, buf, (size_t)count * 4 - 1, nchunks, k, back), -1);
-      cr_assert_eq(distro__val_decode(DISTRO_VALUES_F32, 0, buf, (size_t)count * 4 + 1, nchunks, k, back), -1);
+      cr_assert_eq(distro__val_decode(DISTRO_VALUES_F32, 0, buf, (size_t)count * 4 - 1, nchunks, k, back).kind,
+                   DISTRO__CODEC_VALUES);
+      cr_assert_eq(distro__val_decode(DISTRO_VALUES_F32, 0, buf, (size_t)count * 4 + 1, nchunks, k, back).kind,
+                   DISTRO__CODEC_VALUES);
       const uint32_t nonfinite[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffffffffu};
       for (int b = 0; b < 4; b++) {
         int64_t j = (int64_t)(tu_next(&r) % (uint64_t)count);
         memcpy(buf + 4 * j, &nonfinite[b], 4);
-        cr_assert_eq(distro__val_decode(DISTRO_VALUES_F32, 0, buf, (size_t)count * 4, nchunks, k, back), -1,
-                     "F32 non-finite 0x%08x accepted", nonfinite[b]);
+        cr_assert_eq(distro__val_decode(DISTRO_VALUES_F32, 0, buf, (size_t)count * 4, nchunks, k, back).kind,
+                     DISTRO__CODEC_VALUES, "F32 non-finite 0x%08x accepted", nonfinite[b]);
         memcpy(buf + 4 * j, &v[j], 4);
       }
       /* SIGN1: one bit per value (signbit), LSB first; padding zero. */
@@ -962,15 +986,18 @@ Test(codecs, values_f32_sign1_exact) {
       rinit(&w, ref, sb);
       for (int64_t j = 0; j < count; j++) rput(&w, signbit(v[j]) ? 1 : 0, 1);
       cr_assert_eq(memcmp(buf, ref, sb), 0, "SIGN1 bytes (seed %llu)", SEED);
-      cr_assert_eq(distro__val_decode(DISTRO_VALUES_SIGN1, 0, buf, sb, nchunks, k, back), 0);
+      cr_assert_eq(distro__val_decode(DISTRO_VALUES_SIGN1, 0, buf, sb, nchunks, k, back).kind, DISTRO__CODEC_OK);
       for (int64_t j = 0; j < count; j++)
         cr_assert_eq(f2u(back[j]), f2u(signbit(v[j]) ? -1.0f : 1.0f), "SIGN1 value %lld", (long long)j);
-      cr_assert_eq(distro__val_decode(DISTRO_VALUES_SIGN1, 0, buf, sb + 1, nchunks, k, back), -1);
-      if (sb > 1) cr_assert_eq(distro__val_decode(DISTRO_VALUES_SIGN1, 0, buf, sb - 1, nchunks, k, back), -1);
+      cr_assert_eq(distro__val_decode(DISTRO_VALUES_SIGN1, 0, buf, sb + 1, nchunks, k, back).kind,
+                   DISTRO__CODEC_VALUES);
+      if (sb > 1)
+        cr_assert_eq(distro__val_decode(DISTRO_VALUES_SIGN1, 0, buf, sb - 1, nchunks, k, back).kind,
+                     DISTRO__CODEC_VALUES);
       for (int bit = (int)(count % 8); count % 8 && bit < 8; bit++) {
         buf[sb - 1] ^= (uint8_t)(1u << bit);
-        cr_assert_eq(distro__val_decode(DISTRO_VALUES_SIGN1, 0, buf, sb, nchunks, k, back), -1, "SIGN1 padding bit %d",
-                     bit);
+        cr_assert_eq(distro__val_decode(DISTRO_VALUES_SIGN1, 0, buf, sb, nchunks, k, back).kind, DISTRO__CODEC_VALUES,
+                     "SIGN1 padding bit %d", bit);
         buf[sb - 1] ^= (uint8_t)(1u << bit);
       }
       free(v);
@@ -1022,18 +1049,21 @@ Test(codecs, values_bf16_lossless_every_param) {
         size_t got = distro__val_encode(DISTRO_VALUES_BF16, params[p], v, nchunks, k, buf, want);
         cr_assert_eq(got, want, "BF16 param %d kind %d: %zu bytes, want %zu", params[p], kind, got, want);
         cr_assert_eq(memcmp(buf, ref, want), 0, "BF16 param %d kind %d: bytes differ (seed %llu)", params[p], kind, SEED);
-        cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, params[p], buf, want, nchunks, k, back), 0,
-                     "BF16 param %d kind %d rejected its own section (seed %llu)", params[p], kind, SEED);
+        cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, params[p], buf, want, nchunks, k, back).kind,
+                     DISTRO__CODEC_OK, "BF16 param %d kind %d rejected its own section (seed %llu)", params[p], kind,
+                     SEED);
         for (int64_t j = 0; j < count; j++)
           cr_assert_eq(f2u(back[j]), (uint32_t)distro__bf16_from_float(v[j]) << 16,
                        "BF16 param %d value %a -> %a (seed %llu)", params[p], (double)v[j], (double)back[j], SEED);
-        cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, params[p], buf, want - 1, nchunks, k, back), -1);
+        cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, params[p], buf, want - 1, nchunks, k, back).kind,
+                     DISTRO__CODEC_VALUES);
         buf[want] = 0;
-        cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, params[p], buf, want + 1, nchunks, k, back), -1);
+        cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, params[p], buf, want + 1, nchunks, k, back).kind,
+                     DISTRO__CODEC_VALUES);
         for (int bit = (int)(bits % 8); bits % 8 && bit < 8; bit++) {
           buf[want - 1] ^= (uint8_t)(1u << bit);
-          cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, params[p], buf, want, nchunks, k, back), -1,
-                       "BF16 param %d padding bit %d", params[p], bit);
+          cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, params[p], buf, want, nchunks, k, back).kind,
+                       DISTRO__CODEC_VALUES, "BF16 param %d padding bit %d", params[p], bit);
           buf[want - 1] ^= (uint8_t)(1u << bit);
         }
       }
@@ -1065,37 +1095,41 @@ Test(codecs, values_bf16_malformed) {
     rput(&w, j, 7);
     rrice(&w, 0, 0);
   }
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, 0, buf, rbytes(&w), 1, 2, back), -1, "emax 255");
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, 0, buf, rbytes(&w), 1, 2, back).kind, DISTRO__CODEC_VALUES,
+               "emax 255");
   /* Distance below the chunk's exponent larger than the exponent. */
   rinit(&w, buf, sizeof buf);
   rput(&w, 3, 8);
   rput(&w, 0, 1);
   rput(&w, 5, 7);
   rrice(&w, 4, 1);
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, 1, buf, rbytes(&w), 1, 1, back), -1, "distance > emax");
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, 1, buf, rbytes(&w), 1, 1, back).kind, DISTRO__CODEC_VALUES,
+               "distance > emax");
   /* The same with distance 3 is the smallest subnormal-range value. */
   rinit(&w, buf, sizeof buf);
   rput(&w, 3, 8);
   rput(&w, 1, 1);
   rput(&w, 5, 7);
   rrice(&w, 3, 1);
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, 1, buf, rbytes(&w), 1, 1, back), 0);
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, 1, buf, rbytes(&w), 1, 1, back).kind, DISTRO__CODEC_OK);
   cr_assert_eq(f2u(back[0]), 0x80050000u);
   /* Parameters 4..14 and above 15 do not exist. */
   for (int p = 4; p < 256; p++) {
     if (p == DISTRO__BF16_RAW) continue;
-    cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, p, buf, rbytes(&w), 1, 1, back), -1, "param %d", p);
+    cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, p, buf, rbytes(&w), 1, 1, back).kind, DISTRO__CODEC_VALUES,
+                 "param %d", p);
   }
   /* Raw words: Inf and NaN patterns. */
   const uint16_t bad[] = {0x7f80, 0xff80, 0x7fc0, 0xffff};
   for (int b = 0; b < 4; b++) {
     uint8_t raw[4] = {0x80, 0x3f, (uint8_t)bad[b], (uint8_t)(bad[b] >> 8)};
-    cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, DISTRO__BF16_RAW, raw, 4, 1, 2, back), -1, "raw 0x%04x", bad[b]);
+    cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, DISTRO__BF16_RAW, raw, 4, 1, 2, back).kind,
+                 DISTRO__CODEC_VALUES, "raw 0x%04x", bad[b]);
   }
   /* A runaway unary distance is a malformed section, not a crash. */
   memset(buf, 0xff, sizeof buf);
   buf[0] = 10;
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, 0, buf, sizeof buf, 1, 4, back), -1);
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_BF16, 0, buf, sizeof buf, 1, 4, back).kind, DISTRO__CODEC_VALUES);
 }
 
 static void check_int(distro_values codec, uint64_t seed) {
@@ -1127,7 +1161,7 @@ static void check_int(distro_values codec, uint64_t seed) {
       cr_assert_eq(got, want);
       cr_assert_eq(memcmp(buf, ref, want), 0, "codec %d shape %d kind %d: bytes differ from the reference (seed %llu)",
                    codec, s, kind, SEED);
-      cr_assert_eq(distro__val_decode(codec, param, buf, want, nchunks, k, back), 0);
+      cr_assert_eq(distro__val_decode(codec, param, buf, want, nchunks, k, back).kind, DISTRO__CODEC_OK);
       for (int64_t c = 0; c < nchunks; c++) {
         double amax = 0;
         for (int64_t j = 0; j < k; j++) amax = fmax(amax, fabs((double)v[c * k + j]));
@@ -1148,14 +1182,16 @@ static void check_int(distro_values codec, uint64_t seed) {
         }
       }
       /* Malformed: wrong length, padding, -qmax-1, bad scales. */
-      cr_assert_eq(distro__val_decode(codec, param, buf, want - 1, nchunks, k, back), -1);
+      cr_assert_eq(distro__val_decode(codec, param, buf, want - 1, nchunks, k, back).kind, DISTRO__CODEC_VALUES);
       buf[want] = 0;
-      cr_assert_eq(distro__val_decode(codec, param, buf, want + 1, nchunks, k, back), -1);
-      cr_assert_eq(distro__val_decode(codec, param, buf, (size_t)nchunks * 2 - 1, nchunks, k, back), -1);
+      cr_assert_eq(distro__val_decode(codec, param, buf, want + 1, nchunks, k, back).kind, DISTRO__CODEC_VALUES);
+      cr_assert_eq(distro__val_decode(codec, param, buf, (size_t)nchunks * 2 - 1, nchunks, k, back).kind,
+                   DISTRO__CODEC_VALUES);
       const uint64_t vbits = (uint64_t)count * (uint64_t)bits;
       for (int bit = (int)(vbits % 8); vbits % 8 && bit < 8; bit++) {
         buf[want - 1] ^= (uint8_t)(1u << bit);
-        cr_assert_eq(distro__val_decode(codec, param, buf, want, nchunks, k, back), -1, "padding bit %d", bit);
+        cr_assert_eq(distro__val_decode(codec, param, buf, want, nchunks, k, back).kind, DISTRO__CODEC_VALUES,
+                     "padding bit %d", bit);
         buf[want - 1] ^= (uint8_t)(1u << bit);
       }
       for (int trial = 0; trial < 8; trial++) {
@@ -1164,7 +1200,8 @@ static void check_int(distro_values codec, uint64_t seed) {
         rbits w = {ref, want, (size_t)nchunks * 16 + (size_t)j * (size_t)bits};
         for (int b = 0; b < bits; b++) ref[(w.pos + (size_t)b) / 8] &= (uint8_t) ~(1u << ((w.pos + (size_t)b) % 8));
         rput(&w, (uint64_t)(-qmax - 1) & mask64(bits), bits); /* -128 / -8 */
-        cr_assert_eq(distro__val_decode(codec, param, ref, want, nchunks, k, back), -1, "q = %d accepted", -qmax - 1);
+        cr_assert_eq(distro__val_decode(codec, param, ref, want, nchunks, k, back).kind, DISTRO__CODEC_VALUES,
+                     "q = %d accepted", -qmax - 1);
       }
       const uint16_t bad_scales[] = {0x7f80, 0xff80, 0x7fc0, 0x8001, 0xbf80};
       for (int b = 0; b < 5; b++) {
@@ -1172,8 +1209,8 @@ static void check_int(distro_values codec, uint64_t seed) {
         const int64_t c = (int64_t)(tu_next(&r) % (uint64_t)nchunks);
         ref[2 * c] = (uint8_t)bad_scales[b];
         ref[2 * c + 1] = (uint8_t)(bad_scales[b] >> 8);
-        cr_assert_eq(distro__val_decode(codec, param, ref, want, nchunks, k, back), -1, "scale 0x%04x accepted",
-                     bad_scales[b]);
+        cr_assert_eq(distro__val_decode(codec, param, ref, want, nchunks, k, back).kind, DISTRO__CODEC_VALUES,
+                     "scale 0x%04x accepted", bad_scales[b]);
       }
       free(v);
       free(back);
@@ -1199,12 +1236,12 @@ Test(codecs, values_int_product_overflow_rejected) {
   float back[2];
   /* INT8: one chunk of 1, scale 0x7f7f, q = 127. */
   const uint8_t s8[3] = {0x7f, 0x7f, 0x7f};
-  cr_expect_eq(distro__val_decode(DISTRO_VALUES_INT8, 0, s8, 3, 1, 1, back), -1, "INT8 scale 0x7f7f * 127 = %g accepted",
-               (double)back[0]);
+  cr_expect_eq(distro__val_decode(DISTRO_VALUES_INT8, 0, s8, 3, 1, 1, back).kind, DISTRO__CODEC_VALUES,
+               "INT8 scale 0x7f7f * 127 = %g accepted", (double)back[0]);
   /* INT4: one chunk of 2, scale 2^127 (0x7f00), q = 7 and -7. */
   const uint8_t s4[3] = {0x00, 0x7f, 0x97};
-  cr_expect_eq(distro__val_decode(DISTRO_VALUES_INT4, 0, s4, 3, 1, 2, back), -1, "INT4 2^127 * 7 = %g accepted",
-               (double)back[0]);
+  cr_expect_eq(distro__val_decode(DISTRO_VALUES_INT4, 0, s4, 3, 1, 2, back).kind, DISTRO__CODEC_VALUES,
+               "INT4 2^127 * 7 = %g accepted", (double)back[0]);
   /* The encoder's own sections decode finitely, up to the largest floats:
    * for INT4 and |v| = FLT_MAX the scale rounds up to 0x7e13, whose product
    * with 7 overflows (quant_scale accepts s * qmax = Inf as ">= amax"), and
@@ -1218,10 +1255,10 @@ Test(codecs, values_int_product_overflow_rejected) {
       int param;
       size_t n = distro__val_plan(codec, hv, 1, 2, &param);
       cr_assert_eq(distro__val_encode(codec, param, hv, 1, 2, buf, n), n);
-      int rc = distro__val_decode(codec, param, buf, n, 1, 2, back);
-      cr_expect(rc == 0 && isfinite(back[0]) && isfinite(back[1]),
-                "codec %d: encoding +-%a decodes to %a, %a (rc %d)", (int)codec, (double)tops[t], (double)back[0],
-                (double)back[1], rc);
+      const distro__codec_fault rc = distro__val_decode(codec, param, buf, n, 1, 2, back);
+      cr_expect(rc.kind == DISTRO__CODEC_OK && isfinite(back[0]) && isfinite(back[1]),
+                "codec %d: encoding +-%a decodes to %a, %a (fault %d)", (int)codec, (double)tops[t], (double)back[0],
+                (double)back[1], (int)rc.kind);
     }
   }
 }
@@ -1276,6 +1313,6 @@ Test(codecs, documented_examples) {
   expect_bytes(b, distro__val_encode(DISTRO_VALUES_INT8, 0, v, 1, 4, b, sizeof b), i8, 6, "INT8");
   expect_bytes(b, distro__val_encode(DISTRO_VALUES_INT4, 0, v, 1, 4, b, sizeof b), i4, 4, "INT4");
   float back[4];
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT4, 0, i4, 4, 1, 4, back), 0);
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT4, 0, i4, 4, 1, 4, back).kind, DISTRO__CODEC_OK);
   cr_assert(back[0] == 2 * 0.4296875f && back[1] == 0.0f && back[2] == 7 * 0.4296875f && back[3] == 3 * 0.4296875f);
 }

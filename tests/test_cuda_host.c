@@ -18,6 +18,7 @@
 #include "compress/topk.h"
 #include "cuda/step_math.h"
 #include "optim/optim_internal.h"
+#include "optim/step_rule.h"
 #include "testutil.h"
 
 static double basis64(int64_t n, int64_t i, int64_t k) {

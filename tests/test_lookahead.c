@@ -23,6 +23,7 @@
 /* tests/CMakeLists.txt compiles only testutil.c next to each suite. */
 #include "demo_ref.c"
 #include "optim/optim_internal.h"
+#include "optim/step_rule.h"
 
 #include "overlap_fixture.h"
 

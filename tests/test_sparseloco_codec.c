@@ -34,7 +34,7 @@ Test(sparseloco, int2_codec_error_within_half_a_scale) {
     cr_assert_eq(plan, (size_t)(2 * NC + (NC * K + 3) / 4), "2 scale bytes per chunk and 2 bits per value");
     cr_assert_eq(param, 0);
     cr_assert_eq(distro__val_encode(DISTRO_VALUES_INT2, 0, val, NC, K, buf, sizeof buf), plan);
-    cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, plan, NC, K, dec), 0);
+    cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, plan, NC, K, dec).kind, DISTRO__CODEC_OK);
     for (int c = 0; c < NC; c++) {
       double amax = 0;
       for (int j = 0; j < K; j++) amax = fmax(amax, fabs((double)val[c * K + j]));
@@ -62,32 +62,35 @@ Test(sparseloco, int2_decoder_rejects_what_no_encoder_writes) {
   uint8_t buf[16];
   const size_t n = distro__val_encode(DISTRO_VALUES_INT2, 0, val, 2, 4, buf, sizeof buf);
   cr_assert_eq(n, 2 * 2 + 2);
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, n, 2, 4, dec), 0);
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, n, 2, 4, dec).kind, DISTRO__CODEC_OK);
   cr_assert_eq(dec[5], 0.0f, "a zero-scale chunk decodes to 0");
   uint8_t b[16];
   memcpy(b, buf, n);
   b[1] |= 0x80; /* negative scale */
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, b, n, 2, 4, dec), -1);
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, b, n, 2, 4, dec).kind, DISTRO__CODEC_VALUES);
   memcpy(b, buf, n);
   b[0] = 0x80, b[1] = 0x7f; /* scale +Inf */
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, b, n, 2, 4, dec), -1);
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, b, n, 2, 4, dec).kind, DISTRO__CODEC_VALUES);
   memcpy(b, buf, n);
   b[0] = 0x7f, b[1] = 0x7f; /* finite, but 2s overflows */
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, b, n, 2, 4, dec), -1);
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, b, n, 2, 4, dec).kind, DISTRO__CODEC_VALUES);
   memcpy(b, buf, n);
   b[5] ^= 0x01; /* the zero-scale chunk's first code is not 2 */
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, b, n, 2, 4, dec), -1);
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, n - 1, 2, 4, dec), -1, "short section accepted");
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, b, n, 2, 4, dec).kind, DISTRO__CODEC_VALUES);
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, n - 1, 2, 4, dec).kind, DISTRO__CODEC_VALUES,
+               "short section accepted");
   uint8_t longer[17];
   memcpy(longer, buf, n);
   longer[n] = 0;
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, longer, n + 1, 2, 4, dec), -1, "long section accepted");
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, longer, n + 1, 2, 4, dec).kind, DISTRO__CODEC_VALUES,
+               "long section accepted");
   /* 3 values: 6 bits used, the top two must be zero. */
   const size_t n3 = distro__val_encode(DISTRO_VALUES_INT2, 0, val, 1, 3, buf, sizeof buf);
   cr_assert_eq(n3, 3);
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, n3, 1, 3, dec), 0);
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, n3, 1, 3, dec).kind, DISTRO__CODEC_OK);
   buf[2] |= 0x80;
-  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, n3, 1, 3, dec), -1, "padding bits accepted");
+  cr_assert_eq(distro__val_decode(DISTRO_VALUES_INT2, 0, buf, n3, 1, 3, dec).kind, DISTRO__CODEC_VALUES,
+               "padding bits accepted");
 }
 
 /* ---- views and the payload ----------------------------------------------------- */

@@ -21,7 +21,7 @@
 #ifdef DISTRO_WITH_SYNC
 #include <zmq.h>
 
-#include "sync/syncer_internal.h"
+#include "sync/syncer_state.h"
 #include "sync_harness.h"
 #include "sync_proc.h"
 #include "sync_rogue.h"

@@ -12,7 +12,7 @@
 #include <zmq.h>
 
 #include "common/crc32c.h"
-#include "sync/syncer_internal.h"
+#include "sync/syncer_state.h"
 #include "sync_harness.h"
 
 static void *raw;

@@ -27,8 +27,8 @@
 #include <string.h>
 
 #ifdef DISTRO_WITH_SYNC
-#include "sync/learner_internal.h"
-#include "sync/syncer_internal.h"
+#include "sync/learner_state.h"
+#include "sync/bounds.h"
 #include "sync_harness.h"
 
 enum { NP = 256, LOG_LINES = 4096 };

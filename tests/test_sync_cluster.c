@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #ifdef DISTRO_WITH_SYNC
-#include "sync/syncer_internal.h"
+#include "sync/syncer_state.h"
 #include "sync_harness.h"
 
 #include "sync_proc.h"

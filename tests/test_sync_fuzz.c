@@ -19,7 +19,7 @@
 #include <zmq.h>
 
 #include "common/crc32c.h"
-#include "sync/syncer_internal.h"
+#include "sync/syncer_state.h"
 #include "sync_harness.h"
 #include "sync_rogue.h"
 #include "testutil.h"

@@ -32,8 +32,8 @@
 #include <time.h>
 
 #ifdef DISTRO_WITH_SYNC
-#include "sync/learner_internal.h"
-#include "sync/syncer_internal.h"
+#include "sync/learner_state.h"
+#include "sync/sync_internal.h"
 #include "attacks.h" /* python-free-examples/decoupled: the attacks, shared with gpt-train-hostile */
 #include "sync_harness.h"
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "attacks.h"
-#include "sync/learner_internal.h"
+#include "sync/learner_state.h"
 
 static attack_state g_attack; /* this program's one learner */
 

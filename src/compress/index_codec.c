@@ -137,14 +137,16 @@ size_t distro__idx_encode(const uint32_t *idx, int64_t nchunks, int64_t k, int64
   return w.overflow ? 0 : distro__bitw_bytes(&w);
 }
 
-int64_t distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64_t k, int64_t n,
-                           const distro__enum_table *et, distro__idx_codec codec, int param, uint32_t *idx) {
+distro__codec_fault distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64_t k, int64_t n,
+                                       const distro__enum_table *et, distro__idx_codec codec, int param,
+                                       uint32_t *idx) {
+  const distro__codec_fault framing = distro__codec_fault_at(DISTRO__CODEC_INDEX_SECTION, -1);
   distro__bitr r;
   distro__bitr_init(&r, in, len);
-  if (codec == DISTRO__IDX_PACK12 && n > 4096) return INT64_MIN;
-  if (codec == DISTRO__IDX_ENUM && (!et || !et->c)) return INT64_MIN;
-  if (codec == DISTRO__IDX_RICE && (param < 0 || param > 30)) return INT64_MIN;
-  if (codec > DISTRO__IDX_ENUM) return INT64_MIN;
+  if (codec == DISTRO__IDX_PACK12 && n > 4096) return framing;
+  if (codec == DISTRO__IDX_ENUM && (!et || !et->c)) return framing;
+  if (codec == DISTRO__IDX_RICE && (param < 0 || param > 30)) return framing;
+  if (codec > DISTRO__IDX_ENUM) return framing;
   for (int64_t c = 0; c < nchunks; c++) {
     uint32_t *ci = idx + c * k;
     int64_t prev = -1;
@@ -154,8 +156,8 @@ int64_t distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64
         int wbits = codec == DISTRO__IDX_FIXED ? fixed_width(n) : 12;
         for (int64_t j = 0; j < k; j++) {
           int64_t v = (int64_t)distro__bitr_get(&r, wbits);
-          if (r.error) return INT64_MIN;
-          if (v <= prev || v >= n) return -(1 + c);
+          if (r.error) return framing;
+          if (v <= prev || v >= n) return distro__codec_fault_at(DISTRO__CODEC_INDEX_ORDER, c);
           ci[j] = (uint32_t)(prev = v);
         }
         break;
@@ -163,21 +165,21 @@ int64_t distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64
       case DISTRO__IDX_RICE:
         for (int64_t j = 0; j < k; j++) {
           uint64_t g = distro__bitr_rice(&r, param, (uint64_t)n >> param);
-          if (r.error) return INT64_MIN;
+          if (r.error) return framing;
           int64_t v = prev + 1 + (int64_t)g;
-          if (g >= (uint64_t)n || v >= n) return -(1 + c);
+          if (g >= (uint64_t)n || v >= n) return distro__codec_fault_at(DISTRO__CODEC_INDEX_ORDER, c);
           ci[j] = (uint32_t)(prev = v);
         }
         break;
       case DISTRO__IDX_ENUM: {
         u128 rank = distro__bitr_get_long(&r, et->bits);
-        if (r.error) return INT64_MIN;
+        if (r.error) return framing;
         /* Greedy: the largest element is the largest c with C(c, k) <= rank.
          * Elements lie a gap apart (about n/k), so each search gallops down
          * from the last one and then bisects, along one row of c. */
         int64_t hi = n - 1;
         for (int64_t j = k - 1; j >= 0; j--) {
-          if (hi < j) return -(1 + c);
+          if (hi < j) return distro__codec_fault_at(DISTRO__CODEC_INDEX_ORDER, c);
           const u128 *row = et->c + (j + 1) * n; /* row[j] = C(j, j+1) = 0 <= rank */
           int64_t good = hi, bad = hi + 1, step = 1;
           while (good > j && row[good] > rank) { /* row[bad] > rank (or bad = hi + 1) */
@@ -194,13 +196,14 @@ int64_t distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64
           ci[j] = (uint32_t)good;
           hi = good - 1;
         }
-        if (rank != 0) return -(1 + c); /* rank >= C(n, k): not a valid set */
+        if (rank != 0)
+          return distro__codec_fault_at(DISTRO__CODEC_INDEX_ORDER, c); /* rank >= C(n, k): not a valid set */
         break;
       }
     }
   }
   /* Exactly the section: no spare byte, and zero padding bits. */
-  if ((r.pos + 7) / 8 != len) return INT64_MIN;
-  if (r.pos % 8 && (in[len - 1] >> (r.pos % 8))) return INT64_MIN;
-  return 0;
+  if ((r.pos + 7) / 8 != len) return framing;
+  if (r.pos % 8 && (in[len - 1] >> (r.pos % 8))) return framing;
+  return DISTRO__CODEC_NO_FAULT;
 }

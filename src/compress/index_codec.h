@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "compress/codec_fault.h"
+
 typedef enum {
   DISTRO__IDX_FIXED = 0,
   DISTRO__IDX_PACK12 = 1,
@@ -45,9 +47,10 @@ size_t distro__idx_encode(const uint32_t *idx, int64_t nchunks, int64_t k, int64
 
 /* Decodes a section of exactly `len` bytes; checks that every chunk's
  * indices are strictly increasing and < n and that the section holds
- * nothing else. Returns 0 on success, or -(1 + chunk) of the first bad chunk,
- * or INT64_MIN when the section's length or trailing bits are wrong. */
-int64_t distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64_t k, int64_t n,
-                           const distro__enum_table *et, distro__idx_codec codec, int param, uint32_t *idx);
+ * nothing else. The fault: DISTRO__CODEC_INDEX_ORDER with the first bad
+ * chunk, or DISTRO__CODEC_INDEX_SECTION when the section's length, trailing
+ * bits, codec or parameter are wrong. */
+distro__codec_fault distro__idx_decode(const uint8_t *in, size_t len, int64_t nchunks, int64_t k, int64_t n,
+                                       const distro__enum_table *et, distro__idx_codec codec, int param, uint32_t *idx);
 
 #endif

@@ -10,6 +10,7 @@
 #include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "compress/codec_fault.h"
 #include "compress/value_codec.h"
 #include "compress/wire.h"
 
@@ -135,20 +136,18 @@ static size_t body_at(const uint8_t *buf, int n, int i) {
   return at;
 }
 
-/* 0, or -(1 + chunk) / INT64_MIN from the index decoder, or 1 for a bad
- * value section or codec parameter. */
-static int64_t decode_section(const uint8_t *buf, int n, int i, const distro__sparse_section *sec, distro_values v,
-                              uint32_t *idx, float *val) {
+static distro__codec_fault decode_section(const uint8_t *buf, int n, int i, const distro__sparse_section *sec,
+                                          distro_values v, uint32_t *idx, float *val) {
   const uint8_t *d = buf + DISTRO__SPARSE_HEADER + (size_t)i * DISTRO__SPARSE_DESC;
   const distro__tiling *t = &sec->t;
   const size_t at = body_at(buf, n, i), ib = distro__get_u32(d + 4), vb = distro__get_u32(d + 8);
   /* Parameters an encoder never writes: only RICE and BF16 have one. */
-  if (d[0] != DISTRO__IDX_RICE && d[1] != 0) return INT64_MIN;
-  if (v != DISTRO_VALUES_BF16 && d[2] != 0) return 1;
-  const int64_t r = distro__idx_decode(buf + at, ib, t->nchunks, t->k, t->chunk_elems, sec->et, (distro__idx_codec)d[0],
-                                       d[1], idx + sec->sel);
-  if (r != 0) return r;
-  return distro__val_decode(v, d[2], buf + at + ib, vb, t->nchunks, t->k, val + sec->sel) != 0;
+  if (d[0] != DISTRO__IDX_RICE && d[1] != 0) return distro__codec_fault_at(DISTRO__CODEC_INDEX_SECTION, -1);
+  if (v != DISTRO_VALUES_BF16 && d[2] != 0) return distro__codec_fault_at(DISTRO__CODEC_VALUES, -1);
+  const distro__codec_fault f = distro__idx_decode(buf + at, ib, t->nchunks, t->k, t->chunk_elems, sec->et,
+                                                   (distro__idx_codec)d[0], d[1], idx + sec->sel);
+  if (f.kind != DISTRO__CODEC_OK) return f;
+  return distro__val_decode(v, d[2], buf + at + ib, vb, t->nchunks, t->k, val + sec->sel);
 }
 
 distro_status distro__sparse_decode(const uint8_t *buf, size_t size, int slot, const distro__sparse_section *s, int n,
@@ -183,15 +182,12 @@ distro_status distro__sparse_decode(const uint8_t *buf, size_t size, int slot, c
   int first_bad = n;
 #pragma omp parallel for schedule(dynamic, 1) reduction(min : first_bad)
   for (int i = 0; i < n; i++)
-    if (decode_section(buf, n, i, &s[i], v, idx, val) != 0 && i < first_bad) first_bad = i;
+    if (decode_section(buf, n, i, &s[i], v, idx, val).kind != DISTRO__CODEC_OK && i < first_bad) first_bad = i;
   if (first_bad == n) return DISTRO_OK;
   /* Again, serially, to describe the first fault. */
   *bad_section = first_bad;
-  const int64_t r = decode_section(buf, n, first_bad, &s[first_bad], v, idx, val);
-  if (r == INT64_MIN)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d's sparse payload: malformed index section", slot);
-  if (r < 0)
-    return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d's sparse payload: chunk %lld's indices out of range "
-                        "or order", slot, (long long)(-r - 1));
-  return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d's sparse payload: malformed or non-finite values", slot);
+  char what[96];
+  const distro__codec_fault f = decode_section(buf, n, first_bad, &s[first_bad], v, idx, val);
+  return distro__fail(DISTRO_ERR_PAYLOAD, "diloco: learner %d's sparse payload: section %d: %s", slot, first_bad,
+                      distro__codec_fault_text(f, what, sizeof what));
 }

@@ -158,18 +158,20 @@ size_t distro__val_encode(distro_values v, int param, const float *val, int64_t 
   return w.overflow ? 0 : distro__bitw_bytes(&w);
 }
 
-int distro__val_decode(distro_values v, int param, const uint8_t *in, size_t len, int64_t nchunks, int64_t k,
-                       float *val) {
+distro__codec_fault distro__val_decode(distro_values v, int param, const uint8_t *in, size_t len, int64_t nchunks,
+                                       int64_t k, float *val) {
   const int64_t count = nchunks * k;
+  const distro__codec_fault section = distro__codec_fault_at(DISTRO__CODEC_VALUES, -1);
+#define BAD_CHUNK(c) distro__codec_fault_at(DISTRO__CODEC_VALUES, (c))
   distro__bitr r;
   distro__bitr_init(&r, in, len);
   switch (v) {
     case DISTRO_VALUES_F32:
-      if (len != (size_t)count * 4) return -1;
+      if (len != (size_t)count * 4) return section;
       memcpy(val, in, len);
       for (int64_t j = 0; j < count; j++)
-        if (!isfinite(val[j])) return -1;
-      return 0;
+        if (!isfinite(val[j])) return BAD_CHUNK(j / k);
+      return DISTRO__CODEC_NO_FAULT;
     case DISTRO_VALUES_SIGN1:
       for (int64_t j = 0; j < count; j++) val[j] = distro__bitr_get(&r, 1) ? -1.0f : 1.0f;
       break;
@@ -177,20 +179,20 @@ int distro__val_decode(distro_values v, int param, const uint8_t *in, size_t len
       if (param == DISTRO__BF16_RAW) {
         for (int64_t j = 0; j < count && !r.error; j++) {
           val[j] = distro__bf16_to_float((uint16_t)distro__bitr_get(&r, 16));
-          if (!isfinite(val[j])) return -1;
+          if (!isfinite(val[j])) return BAD_CHUNK(j / k);
         }
         break;
       }
-      if (param < 0 || param > 3) return -1;
+      if (param < 0 || param > 3) return section;
       for (int64_t c = 0; c < nchunks && !r.error; c++) {
         int emax = (int)distro__bitr_get(&r, 8);
         for (int64_t j = 0; j < k && !r.error; j++) {
           uint32_t sign = (uint32_t)distro__bitr_get(&r, 1), man = (uint32_t)distro__bitr_get(&r, 7);
           uint64_t d = distro__bitr_rice(&r, param, 255u >> param);
-          if (d > (uint64_t)emax) return -1;
+          if (d > (uint64_t)emax) return BAD_CHUNK(c);
           uint16_t b = (uint16_t)(sign << 15 | (uint32_t)(emax - (int)d) << 7 | man);
           float x = distro__bf16_to_float(b);
-          if (!isfinite(x)) return -1;
+          if (!isfinite(x)) return BAD_CHUNK(c);
           val[c * k + j] = x;
         }
       }
@@ -199,44 +201,45 @@ int distro__val_decode(distro_values v, int param, const uint8_t *in, size_t len
     case DISTRO_VALUES_INT4: {
       const int qmax = v == DISTRO_VALUES_INT8 ? 127 : 7, bits = v == DISTRO_VALUES_INT8 ? 8 : 4;
       const uint8_t *scales = in;
-      if (len < (size_t)nchunks * 2) return -1;
+      if (len < (size_t)nchunks * 2) return section;
       distro__bitr_init(&r, in + nchunks * 2, len - (size_t)nchunks * 2);
       for (int64_t c = 0; c < nchunks; c++) {
         float s = distro__bf16_to_float((uint16_t)(scales[2 * c] | scales[2 * c + 1] << 8));
-        if (!isfinite(s) || s < 0) return -1;
+        if (!isfinite(s) || s < 0) return BAD_CHUNK(c);
         for (int64_t j = 0; j < k; j++) {
           int q = (int)distro__bitr_get(&r, bits);
           if (q >= 1 << (bits - 1)) q -= 1 << bits; /* sign-extend */
-          if (q < -qmax) return -1;              /* -128 / -8 are never written */
+          if (q < -qmax) return BAD_CHUNK(c);       /* -128 / -8 are never written */
           val[c * k + j] = (float)q * s;
-          if (!isfinite(val[c * k + j])) return -1; /* a scale no encoder writes */
+          if (!isfinite(val[c * k + j])) return BAD_CHUNK(c); /* a scale no encoder writes */
         }
       }
-      if (r.error) return -1;
-      if ((r.pos + 7) / 8 != r.len || (r.pos % 8 && (r.buf[r.len - 1] >> (r.pos % 8)))) return -1;
-      return 0;
+      if (r.error) return section;
+      if ((r.pos + 7) / 8 != r.len || (r.pos % 8 && (r.buf[r.len - 1] >> (r.pos % 8)))) return section;
+      return DISTRO__CODEC_NO_FAULT;
     }
     case DISTRO_VALUES_INT2: {
-      if (len < (size_t)nchunks * 2) return -1;
+      if (len < (size_t)nchunks * 2) return section;
       const uint8_t *scales = in;
       distro__bitr_init(&r, in + nchunks * 2, len - (size_t)nchunks * 2);
       for (int64_t c = 0; c < nchunks; c++) {
         const uint16_t raw = (uint16_t)(scales[2 * c] | scales[2 * c + 1] << 8);
         const float s = distro__bf16_to_float(raw);
-        if ((raw & 0x8000u) || !isfinite(2.0f * s)) return -1; /* encoders write 0 <= s, 2s finite */
+        if ((raw & 0x8000u) || !isfinite(2.0f * s)) return BAD_CHUNK(c); /* encoders write 0 <= s, 2s finite */
         for (int64_t j = 0; j < k; j++) {
           const unsigned code = (unsigned)distro__bitr_get(&r, 2);
-          if (s == 0.0f && code != 2u) return -1; /* the only code written with a zero scale */
+          if (s == 0.0f && code != 2u) return BAD_CHUNK(c); /* the only code written with a zero scale */
           val[c * k + j] = ((float)code - 1.5f) * s;
         }
       }
-      if (r.error) return -1;
-      if ((r.pos + 7) / 8 != r.len || (r.pos % 8 && (r.buf[r.len - 1] >> (r.pos % 8)))) return -1;
-      return 0;
+      if (r.error) return section;
+      if ((r.pos + 7) / 8 != r.len || (r.pos % 8 && (r.buf[r.len - 1] >> (r.pos % 8)))) return section;
+      return DISTRO__CODEC_NO_FAULT;
     }
   }
-  if (r.error) return -1;
-  if ((r.pos + 7) / 8 != len) return -1;
-  if (r.pos % 8 && (in[len - 1] >> (r.pos % 8))) return -1;
-  return 0;
+#undef BAD_CHUNK
+  if (r.error) return section;
+  if ((r.pos + 7) / 8 != len) return section;
+  if (r.pos % 8 && (in[len - 1] >> (r.pos % 8))) return section;
+  return DISTRO__CODEC_NO_FAULT;
 }

@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <distro/optim.h>
 
+#include "compress/codec_fault.h"
+
 /* BF16 parameter for plain 16-bit words (when the exponent code is larger). */
 #define DISTRO__BF16_RAW 15
 
@@ -30,9 +32,11 @@ size_t distro__val_plan(distro_values v, const float *val, int64_t nchunks, int6
 /* Returns bytes written, 0 if cap was too small. */
 size_t distro__val_encode(distro_values v, int param, const float *val, int64_t nchunks, int64_t k, uint8_t *out,
                           size_t cap);
-/* Decodes exactly `len` bytes; returns 0, or -1 when the section is malformed
- * (wrong length, non-zero padding, a non-finite value or scale). */
-int distro__val_decode(distro_values v, int param, const uint8_t *in, size_t len, int64_t nchunks, int64_t k,
-                       float *val);
+/* Decodes exactly `len` bytes. The fault is DISTRO__CODEC_VALUES when the
+ * section is malformed (wrong length, non-zero padding, a parameter or a
+ * code no encoder writes, a non-finite value or scale), with the chunk
+ * where one is to blame. */
+distro__codec_fault distro__val_decode(distro_values v, int param, const uint8_t *in, size_t len, int64_t nchunks,
+                                       int64_t k, float *val);
 
 #endif

@@ -9,9 +9,9 @@
 #include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/error.h"
-#include "compress/value_codec.h"
+#include "compress/codec_fault.h"
 #include "compress/frame.h"
-
+#include "compress/value_codec.h"
 
 /* Header and descriptors. */
 static size_t head_bytes(int n) {
@@ -121,9 +121,9 @@ distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro
   if (off != size - 4)
     return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: sections do not fill the payload", peer);
   /* Decode every tensor; report the first failure by tensor order, from
-   * the codes its decoders returned (no second decode). */
+   * the faults its decoders returned (no second decode). */
   int first_bad = n;
-  int64_t bad_idx = 0;
+  distro__codec_fault fault = DISTRO__CODEC_NO_FAULT;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int i = 0; i < n; i++) {
     size_t at = head_bytes(n);
@@ -134,27 +134,22 @@ distro_status distro__wire2_decode(const uint8_t *buf, size_t size, const distro
     const uint8_t *d = buf + desc_at(i);
     const distro__tiling *t = &ts[i].t;
     const size_t ib = distro__get_u64(d + 24), vb = distro__get_u64(d + 32);
-    int64_t r = distro__idx_decode(buf + at, ib, t->nchunks, t->k, t->chunk_elems, ts[i].et, (distro__idx_codec)d[12],
-                                   d[13], idx[i]);
-    int rv = r == 0 ? distro__val_decode(v, d[14], buf + at + ib, vb, t->nchunks, t->k, val[i]) : 0;
-    if (r != 0 || rv != 0) {
+    distro__codec_fault f = distro__idx_decode(buf + at, ib, t->nchunks, t->k, t->chunk_elems, ts[i].et,
+                                               (distro__idx_codec)d[12], d[13], idx[i]);
+    if (f.kind == DISTRO__CODEC_OK) f = distro__val_decode(v, d[14], buf + at + ib, vb, t->nchunks, t->k, val[i]);
+    if (f.kind != DISTRO__CODEC_OK) {
 #pragma omp critical(distro_wire2_fault)
       if (i < first_bad) {
         first_bad = i;
-        bad_idx = r;
+        fault = f;
       }
     }
   }
   if (first_bad < n) {
-    const int i = first_bad;
-    if (bad_idx == INT64_MIN)
-      return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: malformed index section (codec %u)",
-                          peer, i, buf[desc_at(i) + 12]);
-    if (bad_idx < 0)
-      return distro__fail(DISTRO_ERR_PAYLOAD,
-                          "payload from rank %d: tensor %d chunk %lld: index out of range or order", peer, i,
-                          (long long)(-bad_idx - 1));
-    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: malformed or non-finite values", peer, i);
+    const uint8_t *d = buf + desc_at(first_bad);
+    char what[96];
+    return distro__fail(DISTRO_ERR_PAYLOAD, "payload from rank %d: tensor %d: %s (index codec %u)", peer, first_bad,
+                        distro__codec_fault_text(fault, what, sizeof what), d[12]);
   }
   return DISTRO_OK;
 }

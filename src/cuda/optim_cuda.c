@@ -5,7 +5,8 @@
  * agreement, the wire formats, validation, dropping and clipping are the CPU
  * path's own code. The device holds the momentum (DCT domain), the
  * selection and the update; per step the selection goes to the host (pinned)
- * and every rank's decoded selection comes back. */
+ * and every rank's decoded selection comes back. Save and load are
+ * optim_cuda_io.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,67 +19,9 @@
 
 #include "comm/comm_internal.h"
 #include "cuda/cuda_internal.h"
+#include "cuda/optim_cuda.h"
 #include "optim/optim_internal.h"
-
-typedef struct {
-  float *param;       /* fp32 parameters, or the master copy */
-  const float *grad;
-  uint16_t *bf16;     /* bf16 copy written after each update, or NULL */
-  float *mom, *mom_next, *m, *v;
-  distro__cuda_dct dct;
-  distro__cuda_fft_dct fft;
-  int use_fft;        /* this tensor's DCT runs through cuFFT */
-  int shape;          /* exact method: index into the shape tables, else -1 */
-} cuda_param;
-
-/* The factored DCT's tables of one tile shape on the device (one
- * allocation), and the struct of device pointers the kernels take. */
-typedef struct {
-  int h, w;
-  float *blob;
-  distro__hd_dct dev;
-} hd_shape;
-
-typedef struct {
-  int64_t n;
-  float *basis;
-} basis_entry;
-
-enum { EV_START, EV_FORWARD, EV_SELECTED, EV_UPLOADED, EV_DONE, EV_COUNT };
-
-struct distro_cuda_optim {
-  distro_optim *host;
-  cudaStream_t stream;
-  cublasHandle_t blas;
-  cuda_param *params;
-  int cap;
-  int ready;
-  basis_entry *bases;
-  int nbases;
-  uint32_t *d_sel_idx, *h_sel_idx; /* total_sel: this rank's selection */
-  float *d_sel_val, *h_sel_val;
-  uint32_t *d_dec_idx;             /* world x total_sel: decoded selections */
-  float *d_dec_val;
-  int dec_registered;              /* host dec arrays are page-locked */
-  uint8_t *d_dropped;
-  int *d_flags, *h_flags;          /* per tensor: non-finite gradient; one more slot (AdamW: overflow) */
-  float *d_flat, *h_flat;          /* AdamW baseline: all gradients + 1 flag; h_flat stages a CPU comm */
-  int nccl;                        /* comm is NCCL: device buffers go to it directly */
-  float *scratch_a, *scratch_b;    /* max_numel each */
-  float *d_u;                      /* DisTrO-AdamW: the normalized gradient (max_numel) */
-  int *counts;                     /* max_numel */
-  cudaEvent_t ev[EV_COUNT];
-  int have_events;
-  distro_cuda_dct dct_method;      /* distro_cuda_optim_set_dct */
-  void *fft_work, *fft_cbuf;       /* shared by every cuFFT tensor */
-  hd_shape *shapes;                /* exact method: tables per tile shape */
-  int nshapes;
-  float *tile_work;                /* exact method: max_blocks slices of work */
-  uint32_t *tile_iwork;
-  int max_blocks;
-  int broken;                      /* a step failed after its exchange: the
-                                      device state is undefined */
-};
+#include "optim/step_rule.h"
 
 distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *comm, cudaStream_t stream,
                                        distro_cuda_optim **out) {
@@ -279,7 +222,7 @@ fail:
   return st;
 }
 
-static distro_status prepare(distro_cuda_optim *o) {
+distro_status distro__cuda_optim_prepare(distro_cuda_optim *o) {
   distro_status st = DISTRO_OK;
   distro_optim *h = o->host;
   if (o->ready) return DISTRO_OK;
@@ -685,7 +628,7 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
   memset(&s, 0, sizeof s);
   /* As the CPU step: a local preparation failure reaches the other ranks
    * through the first step's signature round. */
-  st = prepare(o);
+  st = distro__cuda_optim_prepare(o);
   if (!h->verified) {
     char why[512] = "";
     if (st != DISTRO_OK) snprintf(why, sizeof why, "%s", distro_last_error());
@@ -708,105 +651,4 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
   s.seconds_total = distro__now() - t0;
   if (stats) *stats = s;
   return DISTRO_OK;
-}
-
-/* ---- save / load -------------------------------------------------------------- */
-
-/* The state arrays of a tensor, device and host, in the order of the state
- * file (distro__state_arrays). */
-static int state_arrays(const distro_options *opt, cuda_param *p, distro__param *hp, float **dev[3], float **host[3]) {
-  distro__state_array kinds[3];
-  const int n = distro__state_arrays(opt, kinds);
-  for (int a = 0; a < n; a++) {
-    dev[a] = kinds[a] == DISTRO__STATE_MOM ? &p->mom : kinds[a] == DISTRO__STATE_M ? &p->m : &p->v;
-    host[a] = kinds[a] == DISTRO__STATE_MOM ? &hp->mom : kinds[a] == DISTRO__STATE_M ? &hp->m : &hp->v;
-  }
-  return n;
-}
-
-/* The host optimizer's state slots are never used on the GPU path; save and
- * load point them at host copies for the CPU's file code and empty them
- * again. */
-static void drop_host_arrays(distro_cuda_optim *o) {
-  distro_optim *h = o->host;
-  for (int i = 0; i < h->nparams; i++) {
-    float **dev[3], **host[3];
-    const int na = state_arrays(&h->opt, &o->params[i], &h->params[i], dev, host);
-    for (int a = 0; a < na; a++) {
-      free(*host[a]);
-      *host[a] = NULL;
-    }
-  }
-}
-
-distro_status distro_cuda_optim_save(const distro_cuda_optim *co, const char *path) {
-  distro_status st = DISTRO_OK;
-  DISTRO__NONNULL("distro_cuda_optim_save", co);
-  DISTRO__NONNULL("distro_cuda_optim_save", path);
-  if (!*path) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_save: argument 'path' is empty");
-  distro_cuda_optim *o = (distro_cuda_optim *)co; /* prepare() allocates lazily; no observable change */
-  distro_optim *h = o->host;
-  DISTRO_CHECK(prepare(o));
-  for (int i = 0; i < h->nparams; i++) {
-    float **dev[3], **host[3];
-    const int na = state_arrays(&h->opt, &o->params[i], &h->params[i], dev, host);
-    const size_t bytes = sizeof(float) * (size_t)h->params[i].numel;
-    for (int a = 0; a < na; a++) {
-      *host[a] = malloc(bytes ? bytes : 1);
-      if (!*host[a]) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_cuda_optim_save: out of memory for '%s'", h->params[i].name);
-      /* After whatever the stream still runs (the last update). */
-      DISTRO_CUDA_TRY(cudaMemcpyAsync(*host[a], *dev[a], bytes, cudaMemcpyDeviceToHost, o->stream));
-    }
-  }
-  DISTRO_CUDA_TRY(cudaStreamSynchronize(o->stream));
-  st = distro_optim_save(h, path); /* the CPU file format, written atomically */
-fail:
-  drop_host_arrays(o);
-  return st;
-}
-
-distro_status distro_cuda_optim_load(distro_cuda_optim *o, const char *path) {
-  distro_status st = DISTRO_OK;
-  float **fresh = NULL;
-  int nfresh = 0;
-  DISTRO__NONNULL("distro_cuda_optim_load", o);
-  DISTRO__NONNULL("distro_cuda_optim_load", path);
-  distro_optim *h = o->host;
-  const int64_t old_step = h->step;
-  DISTRO_CHECK(prepare(o));
-  /* Everything is verified into host arrays first (the CPU loader leaves the
-   * host optimizer untouched on failure), then copied into fresh device
-   * buffers, which replace the old ones only when all uploads succeeded. */
-  DISTRO_CHECK(distro_optim_load(h, path));
-  fresh = calloc((size_t)h->nparams * 3, sizeof *fresh);
-  if (!fresh) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_cuda_optim_load: out of memory");
-  for (int i = 0; i < h->nparams; i++) {
-    float **dev[3], **host[3];
-    const int na = state_arrays(&h->opt, &o->params[i], &h->params[i], dev, host);
-    const size_t bytes = sizeof(float) * (size_t)h->params[i].numel;
-    for (int a = 0; a < na; a++) {
-      DISTRO_CUDA_TRY(cudaMalloc((void **)&fresh[nfresh], bytes ? bytes : 1));
-      nfresh++;
-      DISTRO_CUDA_TRY(cudaMemcpyAsync(fresh[nfresh - 1], *host[a], bytes, cudaMemcpyHostToDevice, o->stream));
-    }
-  }
-  DISTRO_CUDA_TRY(cudaStreamSynchronize(o->stream));
-  for (int i = 0, n = 0; i < h->nparams; i++) {
-    float **dev[3], **host[3];
-    const int na = state_arrays(&h->opt, &o->params[i], &h->params[i], dev, host);
-    for (int a = 0; a < na; a++, n++) {
-      cudaFree(*dev[a]);
-      *dev[a] = fresh[n];
-      fresh[n] = NULL;
-    }
-  }
-  free(fresh);
-  drop_host_arrays(o);
-  return DISTRO_OK;
-fail:
-  for (int i = 0; i < nfresh; i++) cudaFree(fresh[i]);
-  free(fresh);
-  drop_host_arrays(o);
-  h->step = old_step;
-  return st;
 }

@@ -103,33 +103,6 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
 distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s);
 int distro__overlap_pending(const distro_optim *o);
 void distro__overlap_free(distro_optim *o);
-/* DisTrO-AdamW's step per element, in units of lr, once the second moment
- * has seen enough steps: p -= DISTRO__ADAMW_SIGN_STEP r_t lr sign(Q), where
- * r_t is RAdam's variance rectification of the second moment at step t
- * (distro__adamw_step_scale; docs/design.md "The step": with r_t the full
- * lr is the step at every size measured, no constant between sizes). */
-#define DISTRO__ADAMW_SIGN_STEP 1.0f
-
-/* DISTRO__ADAMW_SIGN_STEP times r_t for the aggregate of step t (1-based):
- * 0 while the second moment's estimate has too few samples for its variance
- * to be defined (t <= 4 at beta2 0.95), rising to 1 as t grows (r_t 0.48 at
- * t = 15, 0.87 at 50, 0.98 at 100 for beta2 0.95). Computed with IEEE
- * multiplies, divides and a square root only, so every rank and device gets
- * the same bits. */
-double distro__adamw_step_scale(double beta2, int64_t t);
-/* That step for learning rate lr, rounded once to float: what every path
- * (CPU, look-ahead, CUDA) applies. */
-static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr) {
-  return (float)(distro__adamw_step_scale(beta2, t) * (double)lr);
-}
-
-/* Look-ahead overlap: this rank's provisional step while its exchange is in
- * flight, as a fraction of the update's own step (sign: lr; DisTrO-AdamW:
- * its rectified step, distro__adamw_step_scale). Chosen on the demo model
- * with the unrectified 0.75 lr step; the runs are in
- * docs/design.md, "Overlap". */
-#define DISTRO__AHEAD_SIGN 1.0f
-#define DISTRO__AHEAD_ADAMW 0.75f
 
 /* Clip each peer's values per tensor to a multiple of the median norm. */
 int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple);

@@ -26,6 +26,7 @@
 #include "comm/comm_internal.h"
 #include "common/error.h"
 #include "optim/optim_internal.h"
+#include "optim/step_rule.h"
 
 struct distro__overlap {
   pthread_t th;

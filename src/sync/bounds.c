@@ -11,7 +11,7 @@
 
 #include "common/error.h"
 #include "optim/outer_merge.h"
-#include "sync/syncer_internal.h"
+#include "sync/bounds.h"
 
 /* A weight cut down by more than this factor past its cap counts as an
  * out-of-bound report (a small excess is an honest learner's speed). */

@@ -17,7 +17,7 @@
 #include "common/atomic_file.h"
 #include "common/crc32c.h"
 #include "common/error.h"
-#include "sync/syncer_internal.h"
+#include "sync/checkpoint.h"
 
 #define CK_MAGIC "DSTRSYN"
 #define CK_FORMAT 1u

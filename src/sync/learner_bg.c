@@ -17,7 +17,8 @@
 #include <zmq.h>
 
 #include "common/error.h"
-#include "sync/learner_internal.h"
+#include "sync/learner_bg.h"
+#include "sync/learner_state.h"
 
 /* The state endpoint: burst and refill (answers per second). */
 #define SERVE_BURST 2.0

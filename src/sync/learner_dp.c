@@ -7,18 +7,18 @@
 
 #include "comm/comm_internal.h"
 #include "common/error.h"
-#include "sync/learner_internal.h"
+#include "sync/learner_dp.h"
+#include "sync/learner_state.h"
 
-
-/* Rank 0's `bytes` at buf reach every rank's buf, in chunks of BCAST_SLOT
- * through the communicator's variable all-gather (the other ranks send
- * nothing). */
+/* Rank 0's `bytes` at buf reach every rank's buf, in chunks of
+ * DISTRO__LN_BCAST_SLOT through the communicator's variable all-gather (the
+ * other ranks send nothing). */
 distro_status distro__ln_dp_bcast(distro_learner *l, void *buf, size_t bytes) {
   size_t sizes[256];
-  for (size_t off = 0; off < bytes; off += BCAST_SLOT) {
-    const size_t n = bytes - off < BCAST_SLOT ? bytes - off : BCAST_SLOT;
+  for (size_t off = 0; off < bytes; off += DISTRO__LN_BCAST_SLOT) {
+    const size_t n = bytes - off < DISTRO__LN_BCAST_SLOT ? bytes - off : DISTRO__LN_BCAST_SLOT;
     uint8_t *b = (uint8_t *)buf + off;
-    distro_status st = l->comm->ops->allgatherv(l->comm, b, l->rank == 0 ? n : 0, l->bc_tmp, BCAST_SLOT, sizes);
+    distro_status st = l->comm->ops->allgatherv(l->comm, b, l->rank == 0 ? n : 0, l->bc_tmp, DISTRO__LN_BCAST_SLOT, sizes);
     if (st != DISTRO_OK) return st;
     if (sizes[0] != n)
       return distro__fail(DISTRO_ERR_COMM, "learner %d rank %d: broadcast of %zu bytes got %zu", l->opt.learner_id,

@@ -24,7 +24,10 @@
 #include "common/error.h"
 #include "compress/outer_codec.h"
 #include "optim/outer_merge.h"
-#include "sync/syncer_internal.h"
+#include "sync/bounds.h"
+#include "sync/checkpoint.h"
+#include "sync/rounds.h"
+#include "sync/syncer_state.h"
 
 /* A learner's claimed step time counts up to this (one liar cannot make
  * rounds wait for hours; the median already needs a majority). */

@@ -14,9 +14,15 @@
 
 #include "common/error.h"
 #include "compress/outer_codec.h"
-#include "sync/syncer_internal.h"
+#include "sync/bounds.h"
+#include "sync/rounds.h"
+#include "sync/syncer_state.h"
 
-typedef distro__sy_route route;
+/* Where a message came from: its connection's ZeroMQ routing id. */
+typedef struct {
+  const uint8_t *rid;
+  size_t rid_n;
+} route;
 
 /* At most this many reject lines per second; the rest are counted. */
 #define REJECT_LOG_PER_S 20
@@ -61,31 +67,12 @@ static void reject(distro_syncer *s, route r, uint32_t learner, int code, int ty
   pthread_mutex_unlock(&s->mu);
 }
 
-void distro__syncer_send_to(distro_syncer *s, const sy_learner *l, distro__sy_msg *m, const void *payload) {
-  m->epoch = s->epoch;
-  distro__sy_send(s->router, l->rid, l->rid_n, m, payload);
-}
-
 /* The learner a message claims to come from, if that connection owns it. */
 static sy_learner *authenticate(distro_syncer *s, route r, const distro__sy_msg *m) {
   if (m->learner >= DISTRO__SY_MAX_LEARNERS) return NULL;
   sy_learner *l = s->learners[m->learner];
   if (!l || !l->alive || l->rid_n != r.rid_n || memcmp(l->rid, r.rid, r.rid_n) != 0) return NULL;
   return l;
-}
-
-int distro__syncer_count_live(distro_syncer *s, int ready_only) {
-  int n = 0;
-  for (int i = 0; i < DISTRO__SY_MAX_LEARNERS; i++)
-    if (s->learners[i] && s->learners[i]->alive && (!ready_only || s->learners[i]->ready)) n++;
-  return n;
-}
-
-const float *distro__syncer_history(const distro_syncer *s, const sy_fragment *F, uint64_t v) {
-  const int S = s->opt.max_staleness;
-  if (S == 0) return NULL;
-  const sy_hist *h = &F->hist[v % (uint64_t)S];
-  return h->valid && h->version == v ? h->data : NULL;
 }
 
 /* ------------------------------------------------------------ joins */
@@ -592,7 +579,7 @@ static int64_t payload_cap(const distro_syncer *s, int type) {
   return -1;
 }
 
-void distro__syncer_handle(distro_syncer *s, distro__sy_frames *fr, double now) {
+static void handle(distro_syncer *s, distro__sy_frames *fr, double now) {
   route r = {fr->n > 0 ? fr->data[0] : NULL, fr->n > 0 ? fr->size[0] : 0};
   char why[256];
   distro__sy_msg m;
@@ -697,7 +684,7 @@ distro_status distro_syncer_run(distro_syncer *s) {
       distro__sy_frames fr;
       const int got = distro__sy_recv(s->router, &fr);
       if (got <= 0) break;
-      distro__syncer_handle(s, &fr, now);
+      handle(s, &fr, now);
       distro__sy_frames_free(&fr);
     }
     distro__syncer_tick(s, distro__sy_now());

@@ -216,5 +216,8 @@ void distro__sy_hash(const float *x, int64_t n, uint8_t out[32]);
  * 2n floats, nrm n doubles. */
 void distro__sy_merge(const distro__sy_layout *L, int p, distro_merge mode, int n, const float *const *delta,
                       const double *w, float *out, float *coef, double *nrm);
+/* The robust merge: coordinate-wise trimmed mean of n reports dropping f
+ * from each side (n >= 2f + 1), into out. */
+void distro__sy_trimmed_mean(const distro__sy_layout *L, int p, int n, int f, const float *const *delta, float *out);
 
 #endif

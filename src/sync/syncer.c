@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -15,7 +14,9 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "compress/outer_codec.h"
-#include "sync/syncer_internal.h"
+#include "sync/bounds.h"
+#include "sync/checkpoint.h"
+#include "sync/syncer_state.h"
 
 distro_syncer_options distro_syncer_options_default(void) {
   distro_syncer_options o;
@@ -49,16 +50,6 @@ distro_syncer_options distro_syncer_options_default(void) {
   o.quarantine_after = 3;
   o.quarantine_s = 60;
   return o;
-}
-
-void distro__syncer_log(distro_syncer *s, const char *fmt, ...) {
-  if (!s->opt.log) return;
-  char line[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  s->opt.log(s->opt.log_ctx, line);
 }
 
 static distro_status check_options(const distro_syncer_options *o) {
@@ -108,57 +99,6 @@ static distro_status check_options(const distro_syncer_options *o) {
   if (o->checkpoint && distro__afile_check(o->checkpoint) != DISTRO_OK)
     return distro__fail(DISTRO_ERR_IO, "syncer options: checkpoint: %s", distro_last_error());
 fail:
-  return st;
-}
-
-void distro__syncer_free_state(distro_syncer *s) {
-  if (s->frag) {
-    for (int p = 0; p < s->L.P; p++) {
-      sy_fragment *F = &s->frag[p];
-      free(F->global);
-      free(F->mom);
-      if (F->hist) {
-        for (int k = 0; k < s->opt.max_staleness; k++) free(F->hist[k].data);
-        free(F->hist);
-      }
-      for (int i = 0; i < F->nrep; i++) free(F->rep[i].enc);
-      free(F->rep);
-    }
-    free(s->frag);
-    s->frag = NULL;
-  }
-  free(s->scratch);
-  s->scratch = NULL;
-  for (int i = 0; i < s->deltas_cap; i++) free(s->deltas[i]);
-  free(s->deltas);
-  s->deltas = NULL;
-  s->deltas_cap = 0;
-  distro__sy_layout_destroy(&s->L);
-  s->have_layout = 0;
-  s->initialized = 0;
-  s->provisional = 0;
-}
-
-distro_status distro__syncer_alloc_state(distro_syncer *s) {
-  distro_status st = DISTRO_OK;
-  const int P = s->L.P;
-  const int64_t maxf = s->L.maxf > 0 ? s->L.maxf : 1;
-  s->frag = calloc((size_t)P, sizeof *s->frag);
-  if (!s->frag) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-  for (int p = 0; p < P; p++) {
-    sy_fragment *F = &s->frag[p];
-    const int64_t n = s->L.frags.numel[p];
-    F->global = calloc((size_t)n, sizeof(float));
-    F->mom = calloc((size_t)n, sizeof(float));
-    if (s->opt.max_staleness > 0) F->hist = calloc((size_t)s->opt.max_staleness, sizeof *F->hist);
-    if (!F->global || !F->mom || (s->opt.max_staleness > 0 && !F->hist))
-      DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-  }
-  s->scratch = malloc(sizeof(float) * (size_t)maxf * 3); /* merged gradient, momentum, previous global */
-  if (!s->scratch) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
-  return DISTRO_OK;
-fail:
-  distro__syncer_free_state(s);
   return st;
 }
 

@@ -1,8 +1,9 @@
-/* Internal: the learner, shared by learner.c (API, training thread),
- * learner_bg.c (background thread: every socket, the join, the state
- * endpoint) and learner_dp.c (data-parallel ranks). */
-#ifndef DISTRO_SYNC_LEARNER_INTERNAL_H
-#define DISTRO_SYNC_LEARNER_INTERNAL_H
+/* Internal: the learner's state, shared by learner.c (API, training
+ * thread), learner_bg.c (background thread: every socket, the join, the
+ * state endpoint) and learner_dp.c (data-parallel ranks), and the helpers
+ * every one of them uses on it (learner_state.c). */
+#ifndef DISTRO_SYNC_LEARNER_STATE_H
+#define DISTRO_SYNC_LEARNER_STATE_H
 
 #include <pthread.h>
 #include <stdint.h>
@@ -102,7 +103,7 @@ struct distro_learner {
   uint64_t *ctl;            /* control block broadcast by rank 0 every step */
   size_t ctl_words;
   float *stage;             /* the applied fragments' values, packed */
-  uint8_t *bc_tmp;          /* size x BCAST_SLOT bytes for the chunked broadcast */
+  uint8_t *bc_tmp;          /* size x DISTRO__LN_BCAST_SLOT bytes for the chunked broadcast */
   distro_learner_stats mirror; /* ranks > 0: rank 0's stats of the last step */
 
   distro__ln_report_hook report_hook; /* NULL: reports are what the learner computed */
@@ -112,17 +113,10 @@ struct distro_learner {
 /* Installs a report hook (before distro_learner_start; NULL removes it). */
 void distro__learner_set_report_hook(distro_learner *l, distro__ln_report_hook fn, void *ctx);
 
-#define BCAST_SLOT ((size_t)1 << 20)
-
+/* A line to the log callback, if any, headed with the learner's id. */
 void distro__ln_log(distro_learner *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Per-fragment buffers once the layout is known (under mu). */
 distro_status distro__ln_alloc_buffers(distro_learner *l);
 void distro__ln_free_buffers(distro_learner *l);
-/* The background thread (learner_bg.c). */
-void *distro__ln_bg_main(void *arg);
-/* Data-parallel ranks (learner_dp.c). */
-distro_status distro__ln_dp_bcast(distro_learner *l, void *buf, size_t bytes);
-distro_status distro__ln_dp_start(distro_learner *l, int ok);
-distro_status distro__ln_dp_follow(distro_learner *l, distro_learner_stats *out);
 
 #endif

@@ -1,8 +1,9 @@
-/* Internal: syncer state shared by syncer.c (lifecycle, queries), serve.c
- * (messages from learners), rounds.c (schedule, rounds, merges, liveness)
- * and checkpoint.c. */
-#ifndef DISTRO_SYNC_SYNCER_INTERNAL_H
-#define DISTRO_SYNC_SYNCER_INTERNAL_H
+/* Internal: the syncer's state, shared by syncer.c (lifecycle, queries),
+ * serve.c (messages from learners), rounds.c (schedule, rounds, merges,
+ * liveness), bounds.c and checkpoint.c, and the helpers every one of them
+ * uses on it (syncer_state.c). */
+#ifndef DISTRO_SYNC_SYNCER_STATE_H
+#define DISTRO_SYNC_SYNCER_STATE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -140,72 +141,19 @@ struct distro_syncer {
   double merge_s_max, merge_s_sum;
 };
 
+/* A line to the log callback, if any. */
 void distro__syncer_log(distro_syncer *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The fragments' state once the layout is known; on failure nothing is
+ * left allocated. */
 distro_status distro__syncer_alloc_state(distro_syncer *s);
 /* Drops the fragments' state and the layout (a provisional layout whose
  * seeder went away). */
 void distro__syncer_free_state(distro_syncer *s);
-/* Checkpoint (checkpoint.c): save under s->mu; load at create. */
-distro_status distro__syncer_ckpt_save(distro_syncer *s);
-distro_status distro__syncer_ckpt_load(distro_syncer *s, int *found);
-
-/* serve.c */
-typedef struct {
-  const uint8_t *rid;
-  size_t rid_n;
-} distro__sy_route;
-void distro__syncer_handle(distro_syncer *s, distro__sy_frames *fr, double now);
+/* Sends m (stamped with the syncer's epoch) and its payload to learner l. */
 void distro__syncer_send_to(distro_syncer *s, const sy_learner *l, distro__sy_msg *m, const void *payload);
+/* Live learners (ready_only: those that serve their state). */
 int distro__syncer_count_live(distro_syncer *s, int ready_only);
+/* Fragment F's values at version v, if still kept; else NULL. */
 const float *distro__syncer_history(const distro_syncer *s, const sy_fragment *F, uint64_t v);
-
-/* bounds.c: the defences against hostile learners. */
-/* Checks the version 3 options (the robust rule must not degenerate). */
-distro_status distro__syncer_check_bounds(const distro_syncer_options *o);
-/* "trimmed mean, tolerates f = 1 of quorum 3" (for the start line). */
-void distro__syncer_describe_bounds(const distro_syncer_options *o, char *out, size_t n);
-/* Hostile reports the robust rule drops from each side for n reports (0: none). */
-int distro__syncer_robust_f(const distro_syncer *s, int n);
-/* 1 while learner id is quarantined. */
-int distro__syncer_quarantined(const distro_syncer *s, int id, double now);
-/* One report of learner id was out of bounds (out = 1: clipped, refused,
- * capped hard) or within them (out = 0); quarantines after too many. */
-void distro__syncer_strike(distro_syncer *s, int id, int out, double now, const char *why);
-/* Before a merge of fragment p: bounds the n decoded reports (deltas) of
- * learners ids[] with claims tok/stp (at most max_stp steps): clips them in
- * place, or marks keep[i] = 0 (refused); cuts the claims (or, with REFUSE,
- * refuses the report), and writes the weights w (sum 1 over the kept ones,
- * 0 for the others) and each report's norm after clipping. Logs each event
- * with the learner id. Returns the reports kept. */
-int distro__syncer_screen(distro_syncer *s, int p, int n, const int *ids, float *const *deltas, double *tok,
-                          double *stp, const double *max_stp, const double *max_by_time, double *w, int *keep,
-                          double *norm, double now);
-/* A HELLO of learner id declaring tps tokens per step (0: none): 0 when it
- * agrees with what the job fixed for the id, else -1 and the reason. */
-int distro__syncer_hello_tokens(const distro_syncer *s, int id, uint64_t tps, char *why, size_t n);
-/* The learner said hello (enroll): fixes a declared tokens per step, and a
- * fresh process (has_state 0) starts its step windows now. */
-void distro__syncer_hello_claims(distro_syncer *s, sy_learner *l, int fresh_record, int has_state, uint64_t tps,
-                                 double now);
-/* A report of fragment p based on version `base` was accepted now: the
- * most steps it may claim (and in *by_time the elapsed time's bound alone,
- * INFINITY when none); remembers it as the learner's last report of p. */
-double distro__syncer_steps_bound(distro_syncer *s, sy_learner *l, int p, uint64_t base, double now, double *by_time);
-/* Fragment p at `version` was sent to the learner. */
-void distro__syncer_fragment_sent(distro_syncer *s, sy_learner *l, int p, uint64_t version);
-/* After a merge: remembers the kept reports' norms for later bounds. */
-void distro__syncer_remember_norms(distro_syncer *s, int p, int n, const double *norm, const int *keep);
-/* The robust merge: coordinate-wise trimmed mean of n reports dropping f
- * from each side (n >= 2f + 1), into out. */
-void distro__sy_trimmed_mean(const distro__sy_layout *L, int p, int n, int f, const float *const *delta, float *out);
-
-/* rounds.c */
-/* The longest a round stays open (docs/protocol.md, "Liveness"). */
-double distro__syncer_round_bound(distro_syncer *s);
-/* A learner said hello again on a new connection (has_state) or as a
- * fresh process: its pending requests are re-asked there, or dropped. */
-void distro__syncer_reasked(distro_syncer *s, int id, int has_state);
-/* Liveness, schedule, quorum, grace, merges, stall report. */
-void distro__syncer_tick(distro_syncer *s, double now);
 
 #endif
