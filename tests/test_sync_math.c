@@ -42,6 +42,23 @@ static distro_status outer_step(float *th, float *m, const float *g, int64_t n, 
   return DISTRO_OK;
 }
 
+/* The one mapping from the syncer's error codes to distro_status. */
+Test(sync_math, error_codes_map_to_status) {
+  const struct {
+    int code;
+    distro_status st;
+  } want[] = {{DISTRO_SYNC_E_NONE, DISTRO_OK},           {DISTRO_SYNC_E_MALFORMED, DISTRO_ERR_PAYLOAD},
+              {DISTRO_SYNC_E_CRC, DISTRO_ERR_PAYLOAD},    {DISTRO_SYNC_E_PROTOCOL, DISTRO_ERR_INVALID},
+              {DISTRO_SYNC_E_UNKNOWN, DISTRO_ERR_INVALID}, {DISTRO_SYNC_E_SIGNATURE, DISTRO_ERR_SHAPE},
+              {DISTRO_SYNC_E_STALE, DISTRO_ERR_INVALID},   {DISTRO_SYNC_E_PAYLOAD, DISTRO_ERR_PAYLOAD},
+              {DISTRO_SYNC_E_NOT_READY, DISTRO_ERR_TIMEOUT}, {DISTRO_SYNC_E_ROUND, DISTRO_ERR_INVALID},
+              {DISTRO_SYNC_E_REFUSED, DISTRO_ERR_INVALID}, {99, DISTRO_ERR_INVALID}};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    cr_assert_eq(distro_sync_error_status(want[i].code), want[i].st, "code %d (%s): %s, want %s", want[i].code,
+                 distro_sync_error_name(want[i].code), distro_status_string(distro_sync_error_status(want[i].code)),
+                 distro_status_string(want[i].st));
+}
+
 Test(sync_math, token_weights_match_float64) {
   const double tok[3] = {1000, 500, 0}, stp[3] = {10, 10, 4};
   double w[3];

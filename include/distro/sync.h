@@ -58,6 +58,11 @@ typedef enum {
 
 /* Static name of an error code ("malformed", "crc", ...). */
 DISTRO_API const char *distro_sync_error_name(int code);
+/* The distro_status a learner reports when the syncer answers with error
+ * `code` (the one mapping of the two: DISTRO_SYNC_E_SIGNATURE ->
+ * DISTRO_ERR_SHAPE, MALFORMED/CRC/PAYLOAD -> DISTRO_ERR_PAYLOAD, NOT_READY ->
+ * DISTRO_ERR_TIMEOUT, NONE -> DISTRO_OK, the rest -> DISTRO_ERR_INVALID). */
+DISTRO_API distro_status distro_sync_error_status(int code);
 
 /* One line per event (merge timeline, rejected message, join, death). The
  * library never prints; tools pass a function that does. Called from the

@@ -542,11 +542,12 @@ static void on_syncer_msg(bg *b, distro__sy_frames *fr, double now) {
       if (m.a == DISTRO_SYNC_E_SIGNATURE && js != J_DONE) {
         char j[DISTRO__SY_MAX_ERROR + 64];
         snprintf(j, sizeof j, "the syncer refused this model: %s", msg);
-        set_join(l, J_FAILED, DISTRO_ERR_SHAPE, j);
-      } else if (m.a == DISTRO_SYNC_E_REFUSED && m.b == DISTRO__SY_HELLO && js != J_DONE) {
+        set_join(l, J_FAILED, distro_sync_error_status((int)m.a), j);
+      } else if ((m.a == DISTRO_SYNC_E_REFUSED || m.a == DISTRO_SYNC_E_PROTOCOL) && m.b == DISTRO__SY_HELLO &&
+                 js != J_DONE) { /* permanent: saying hello again cannot change the answer */
         char j[DISTRO__SY_MAX_ERROR + 64];
         snprintf(j, sizeof j, "the syncer refused this learner: %s", msg);
-        set_join(l, J_FAILED, DISTRO_ERR_INVALID, j);
+        set_join(l, J_FAILED, distro_sync_error_status((int)m.a), j);
       } else if (m.a == DISTRO_SYNC_E_NOT_READY && js != J_DONE) {
         b->next_hello = now + 0.2;
         if (js == J_FETCH) b->t_join_step = now - join_step_s(l) + 1.0; /* rate-limited: hello again in 1 s */

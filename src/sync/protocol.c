@@ -34,6 +34,18 @@ const char *distro_sync_error_name(int code) {
   return "unknown-error";
 }
 
+distro_status distro_sync_error_status(int code) {
+  switch (code) {
+    case DISTRO_SYNC_E_NONE: return DISTRO_OK;
+    case DISTRO_SYNC_E_SIGNATURE: return DISTRO_ERR_SHAPE;
+    case DISTRO_SYNC_E_MALFORMED:
+    case DISTRO_SYNC_E_CRC:
+    case DISTRO_SYNC_E_PAYLOAD: return DISTRO_ERR_PAYLOAD;
+    case DISTRO_SYNC_E_NOT_READY: return DISTRO_ERR_TIMEOUT;
+    default: return DISTRO_ERR_INVALID; /* protocol, unknown learner, stale, round, refused, unknown codes */
+  }
+}
+
 static void put_u16(uint8_t *b, uint16_t v) {
   b[0] = (uint8_t)v;
   b[1] = (uint8_t)(v >> 8);
