@@ -27,9 +27,12 @@ function cell(r,   s, c) {
   if (R[r, "syncer_rc"] != 0) s = s "; syncer exit " R[r, "syncer_rc"]
   return s
 }
+function st(r) { return num(R[r, "honest_steps"]) ? " (" R[r, "honest_steps"] " steps)" : "" }
+function tl(r) { return R[r, "honest_train_loss"] }
 function rel(a, b) { return num(a) && num(b) && b > 0 ? sprintf("%+.1f%%", 100 * (a / b - 1)) : "—" }
 /^#/ { note[++nn] = $0; next }
-!head { head = 1; for (i = 1; i <= NF; i++) { ix[$i] = i; name[i] = $i }; nf = NF; next }
+!head { head = 1; for (i = 1; i <= NF; i++) { if ($i ~ /^honest_train_loss_/) { match_ = substr($i, 19); $i = "honest_train_loss" }
+                                             ix[$i] = i; name[i] = $i }; nf = NF; next }
 { for (i = 1; i <= nf; i++) R[$1, name[i]] = $i; have[$1] = 1 }
 '
 
@@ -44,22 +47,26 @@ END {
   what["freeride"] = "Δ = 0 with 2⁵³ tokens"; before["freeride"] = "2.99"
   what["nan"] = "NaN/Inf"; before["nan"] = "2.46"
   base = R["none.robust.s1", "honest_val_loss"]; alone = R["absent.robust", "honest_val_loss"]
+  tbase = tl("none.robust.s1"); talone = tl("absent.robust")
   for (i = 1; i <= nn; i++) print note[i]
   print "# before: issue 30 (the code before robust merging; its baselines: 3 honest learners 2.42, 2 honest alone 2.44)."
   print "# off: this code, --robust none and every bound, cap and quarantine off; robust: --robust trimmed, default bounds."
-  print "# Val loss: mean of learners 0-2, their own parameters. Seed 1 throughout; the no-attack rows are none.robust.s1 and absent.robust."
-  print "attack by learner 3\tbefore (issue 30)\tdefences off\t`--robust trimmed`\tvs no attack\tvs 3 honest alone\tlearner 3 named (robust)\tsyncer, learner 3 (robust): reports / merged / clipped / refused / capped / quarantines"
+  print "# Final val loss: mean of learners 0-2, their own parameters, after the run'"'"'s fixed time (their mean step count in brackets). Train loss: mean of learners 0-2 over steps " match_ " of each run."
+  print "# Seed 1 throughout; \"vs no attack / vs 3 honest alone\" compares with none.robust.s1 (4 honest learners) / absent.robust (learner 3 absent), both with the robust settings."
+  print "attack by learner 3\tbefore (issue 30)\tdefences off: final val loss\trobust: final val loss\tvs no attack / 3 honest alone\trobust: train loss, steps " match_ "\tvs no attack / 3 honest alone\tlearner 3 named (robust)\tsyncer, learner 3 (robust): reports / merged / clipped / refused / capped / quarantines"
   if (have["none.robust.s1"])
-    print "none (4 honest learners)\t2.42 (3 honest)\t" (have["none.mean.s1"] ? cell("none.mean.s1") " (mean merge)" : "—") \
-          "\t" cell("none.robust.s1") "\t—\t" rel(base, alone) "\t—\t—"
+    print "none (4 honest learners)\t2.42 (3 honest)\t" (have["none.mean.s1"] ? cell("none.mean.s1") st("none.mean.s1") ", mean merge" : "—") \
+          "\t" cell("none.robust.s1") st("none.robust.s1") "\t— / " rel(base, alone) "\t" tl("none.robust.s1") "\t— / " rel(tbase, talone) "\t—\t—"
   if (have["absent.robust"])
-    print "learner 3 absent (3 honest alone)\t2.44 (2 honest alone)\t—\t" cell("absent.robust") "\t" rel(alone, base) "\t—\t—\t—"
+    print "learner 3 absent (3 honest alone)\t2.44 (2 honest alone)\t—\t" cell("absent.robust") st("absent.robust") "\t" rel(alone, base) " / —\t" \
+          tl("absent.robust") "\t" rel(talone, tbase) " / —\t—\t—"
   for (k = 1; k <= 7; k++) {
     a = order[k]; b = a ".before"; r = a ".after"
     if (!have[r]) continue
-    named = R[r, "named_after_merges"] == "-" ? "never" : "after " R[r, "named_after_merges"] " merges (" R[r, "named_as"] ")"
-    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s / %s / %s / %s / %s / %s\n", what[a], before[a], have[b] ? cell(b) : "—", cell(r),
-      rel(R[r, "honest_val_loss"], base), rel(R[r, "honest_val_loss"], alone), named,
+    named = R[r, "named_after_merges"] == "-" ? "never" : "at merge " R[r, "named_after_merges"] + 1 " (" R[r, "named_as"] ")"
+    printf "%s\t%s\t%s\t%s\t%s / %s\t%s\t%s / %s\t%s\t%s / %s / %s / %s / %s / %s\n", what[a], before[a], have[b] ? cell(b) st(b) : "—",
+      cell(r) st(r), rel(R[r, "honest_val_loss"], base), rel(R[r, "honest_val_loss"], alone),
+      tl(r), rel(tl(r), tbase), rel(tl(r), talone), named,
       R[r, "l3_reports"], R[r, "l3_merged"], R[r, "l3_clipped"], R[r, "l3_refused"], R[r, "l3_capped"], R[r, "l3_quarantines"]
   }
 }' "$runs" > "$out"
@@ -69,19 +76,23 @@ function ms(r) { return num(R[r, "merge_mean_s"]) ? sprintf("%.2f / %.2f", 1000 
 END {
   for (i = 1; i <= nn; i++) print note[i]
   print "# mean: --merge mean, defences off (--robust none, every bound, cap and quarantine off); robust: --merge tokens --robust trimmed, default bounds. 4 honest learners."
-  print "# Val loss: mean of learners 0-2, their own parameters. Merge time: the syncer'"'"'s exit line (decode, merge, outer step, sends), mean / max, ms."
-  print "seed\tval loss, mean merge\tval loss, robust\trobust vs mean\tmerges, mean / robust\tmerge time, mean merge (ms)\tmerge time, robust (ms)"
+  print "# Final val loss: mean of learners 0-2, their own parameters, after the run'"'"'s fixed time (their mean step count in brackets). Train loss: mean of learners 0-2 over steps " match_ "."
+  print "# Merge time: the syncer'"'"'s exit line (decode, merge, outer step, sends), mean / max, ms."
+  print "seed\tfinal val loss, mean merge\tfinal val loss, robust\trobust vs mean\ttrain loss " match_ ", mean merge\ttrain loss " match_ ", robust\trobust vs mean\tmerges, mean / robust\tmerge time, mean merge (ms)\tmerge time, robust (ms)"
   for (s = 1; s <= 99; s++) {
     m = "none.mean.s" s; r = "none.robust.s" s
     if (!have[m] || !have[r]) continue
-    print s "\t" cell(m) "\t" cell(r) "\t" rel(R[r, "honest_val_loss"], R[m, "honest_val_loss"]) "\t" R[m, "merges"] " / " R[r, "merges"] \
-          "\t" ms(m) "\t" ms(r)
+    print s "\t" cell(m) st(m) "\t" cell(r) st(r) "\t" rel(R[r, "honest_val_loss"], R[m, "honest_val_loss"]) "\t" tl(m) "\t" tl(r) "\t" rel(tl(r), tl(m)) \
+          "\t" R[m, "merges"] " / " R[r, "merges"] "\t" ms(m) "\t" ms(r)
     if (num(R[m, "honest_val_loss"]) && num(R[r, "honest_val_loss"])) {
       n++; lm += R[m, "honest_val_loss"]; lr += R[r, "honest_val_loss"]
       tm += R[m, "merge_mean_s"]; tr += R[r, "merge_mean_s"]; mm += R[m, "merges"]; mr += R[r, "merges"]
+      sm += R[m, "honest_steps"]; sr += R[r, "honest_steps"]
     }
+    if (num(tl(m)) && num(tl(r))) { nt++; am += tl(m); ar += tl(r) }
   }
   if (n > 1)
-    printf "mean of %d\t%.4f\t%.4f\t%s\t%.0f / %.0f\t%.2f (mean)\t%.2f (mean)\n", n, lm / n, lr / n, rel(lr / n, lm / n), mm / n, mr / n,
-      1000 * tm / n, 1000 * tr / n
+    printf "mean of %d\t%.4f (%.0f steps)\t%.4f (%.0f steps)\t%s\t%s\t%s\t%s\t%.0f / %.0f\t%.2f (mean)\t%.2f (mean)\n", n, lm / n, sm / n, lr / n,
+      sr / n, rel(lr / n, lm / n), nt ? sprintf("%.4f", am / nt) : "—", nt ? sprintf("%.4f", ar / nt) : "—",
+      nt ? rel(ar / nt, am / nt) : "—", mm / n, mr / n, 1000 * tm / n, 1000 * tr / n
 }' "$runs" > "$out2"

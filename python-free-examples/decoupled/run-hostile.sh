@@ -13,9 +13,14 @@
 # the honest learners' mean final val loss (their own parameters), failures,
 # and when the syncer's log first named learner 3; writes one tab-separated
 # row per run to RESULTS (default DIR/runs.tsv; hostile-report.sh turns it
-# into the README's tables).
+# into the README's tables). The runs last SECONDS each, so the honest
+# learners' step counts follow the machine's load; each row also gives their
+# mean step count and their mean training loss over the same steps (MATCH,
+# default 101-150) of every run, which does not.
+# REPORT_DIR=DIR (a previous run's log folder) writes the rows again from its
+# logs without running anything.
 #
-#   [RESULTS=FILE] python-free-examples/decoupled/run-hostile.sh BUILD_DIR [SECONDS] [ATTACKS] [SEEDS]
+#   [RESULTS=FILE] [MATCH=FIRST-LAST] [REPORT_DIR=DIR] python-free-examples/decoupled/run-hostile.sh BUILD_DIR [SECONDS] [ATTACKS] [SEEDS]
 #
 # ATTACKS "" skips the attacks and the 3-learner reference, SEEDS "" the no-attack runs.
 # About (2 x attacks + 1 + 2 x seeds) x (SECONDS + 5) seconds (defaults 25 s, all 7 attacks, 3 seeds: ~11 min).
@@ -27,12 +32,20 @@ SEEDS=${4-"1 2 3"}
 SYNCER=$B/distro-syncer
 GPT=$B/python-free-examples/gpt/gpt-train
 HOSTILE=$B/python-free-examples/decoupled/gpt-train-hostile
-for f in "$SYNCER" "$GPT" "$HOSTILE"; do [ -x "$f" ] || { echo "run-hostile.sh: no $f (build first)" >&2; exit 2; }; done
-DIR=$(mktemp -d /tmp/decoupled-hostile-XXXXXX)
+MATCH=${MATCH:-101-150}
+REPORT_DIR=${REPORT_DIR:-}
+if [ -n "$REPORT_DIR" ]; then
+  DIR=$REPORT_DIR
+else
+  for f in "$SYNCER" "$GPT" "$HOSTILE"; do [ -x "$f" ] || { echo "run-hostile.sh: no $f (build first)" >&2; exit 2; }; done
+  DIR=$(mktemp -d /tmp/decoupled-hostile-XXXXXX)
+fi
 RESULTS=${RESULTS:-$DIR/runs.tsv}
-printf '# %s %s; %s UTC; %s cores, load average at start %s\n' "$0" "$*" "$(date -u '+%Y-%m-%d %H:%M')" \
-  "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" > "$RESULTS"
-printf 'run\tattack\tdefences\tseed\tmerge\thonest_val_loss\thonest_finished\thonest_rc\thostile_rc\tsyncer_rc\thonest_error_lines\tmerges\tnamed_after_merges\tnamed_as\tl3_reports\tl3_merged\tl3_clipped\tl3_refused\tl3_capped\tl3_quarantines\trejected\tmerge_mean_s\tmerge_max_s\n' >> "$RESULTS"
+[ -n "$REPORT_DIR" ] || printf '# %s %s; %s UTC; %s cores, load average at start %s\n' "$0" "$*" \
+  "$(date -u '+%Y-%m-%d %H:%M')" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" > "$DIR/header"
+cat "$DIR/header" > "$RESULTS" 2>/dev/null || : > "$RESULTS"
+[ -z "$REPORT_DIR" ] || echo "# rows written again from the logs in $REPORT_DIR ($(date -u '+%Y-%m-%d %H:%M') UTC)" >> "$RESULTS"
+printf 'run\tattack\tdefences\tseed\tmerge\thonest_val_loss\thonest_finished\thonest_steps\thonest_train_loss_%s\thonest_rc\thostile_rc\tsyncer_rc\thonest_error_lines\tmerges\tnamed_after_merges\tnamed_as\tl3_reports\tl3_merged\tl3_clipped\tl3_refused\tl3_capped\tl3_quarantines\trejected\tmerge_mean_s\tmerge_max_s\n' "$MATCH" >> "$RESULTS"
 MODEL="--layers 2 --dim 64 --heads 4 --context 64 --batch 4 --threads 1"
 SCHED="--lr-final 1 --warmup 20 --steps 1000000 --eval-every 0 --print-every 100000"
 DELAYS="15 15 20 20"
@@ -69,14 +82,25 @@ run() { # name attack(- none, absent: no learner 3) seed merge defences...
   done
   kill -TERM "$spid" 2>/dev/null || true # a syncer that died already is reported below
   wait "$spid" && src=0 || src=$?
+  printf '%s %s %s %s\n%s\n%s\n' "$attack" "$defences" "$seed" "$merge" "$rcs" "$src" > "$DIR/$name.run"
 }
 
 report() { # name: honest mean final val loss (own parameters), failures, first line naming learner 3
   name=$1
+  [ -s "$DIR/$name.run" ] || return 0
+  read -r attack defences seed merge < "$DIR/$name.run"
+  rcs=$(sed -n 2p "$DIR/$name.run")
+  src=$(sed -n 3p "$DIR/$name.run")
   loss=$(awk '/this learner.s parameters/ { if (tolower($4) ~ /nan/) bad = "nan"; else if (tolower($4) ~ /inf/ && bad == "") bad = "inf"; else s += $4; n++ }
       END { if (n && bad != "") printf "%s (%d of 3)", bad, n; else if (n) printf "%.4f (%d of 3)", s / n, n; else print "none" }' \
     "$DIR/$name.l0.out" "$DIR/$name.l1.out" "$DIR/$name.l2.out")
-  fail=$(cat "$DIR/$name.l0.err" "$DIR/$name.l1.err" "$DIR/$name.l2.err" | grep -ci "non-finite\|error" || true)
+  # gpt-train's fatal errors (a peer that did not serve its state at a join is not one)
+  fail=$(cat "$DIR/$name.l0.err" "$DIR/$name.l1.err" "$DIR/$name.l2.err" | grep -c "^gpt: \|non-finite" || true)
+  steps=$(awk '/global copy/ { for (i = 2; i <= NF; i++) if ($i == "steps,") { s += $(i - 1); n++ } }
+      END { if (n) printf "%.0f", s / n }' "$DIR/$name.l0.out" "$DIR/$name.l1.out" "$DIR/$name.l2.out")
+  tl=$(cat "$DIR/$name.l0.csv" "$DIR/$name.l1.csv" "$DIR/$name.l2.csv" 2>/dev/null |
+    awk -F, -v m="$MATCH" 'BEGIN { split(m, r, "-") } $1 ~ /^[0-9]+$/ && $1 >= r[1] && $1 <= r[2] { s += $3; n++ }
+      END { if (n == 3 * (r[2] - r[1] + 1)) printf "%.4f", s / n }')
   merges=$(grep -c " merge frag=" "$DIR/$name.syncer.log" || true)
   named=$(awk '/ merge frag=/ { m++ } /learner 3 |learner=3 / && /clipped|refused|capped|quarantined|reason=payload/ { print m + 0; exit }' \
     "$DIR/$name.syncer.log")
@@ -95,27 +119,27 @@ report() { # name: honest mean final val loss (own parameters), failures, first 
   xrc=${4:--}
   printf "  %-22s honest val loss %s, honest exit %s, syncer exit %s, honest error lines %s, merges %s, learner 3 named after %s merges%s, merge time mean %s s\n" \
     "$name" "$loss" "$hrc" "$src" "$fail" "$merges" "${named:-never}" "${how:+ ($how)}" "$mt"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$attack" "$defences" "$seed" "$merge" \
-    "$(echo "$loss" | awk '{ print $1 }')" "$(echo "$loss" | awk -F'[( ]' '{ print $3 + 0 }')" "$hrc" "$xrc" "$src" "$fail" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$attack" "$defences" "$seed" "$merge" \
+    "$(echo "$loss" | awk '{ print $1 }')" "$(echo "$loss" | awk -F'[( ]' '{ print $3 + 0 }')" "${steps:--}" "${tl:--}" "$hrc" "$xrc" "$src" "$fail" \
     "$merges" "${named:--}" "${how:--}" "${l3:--	-	-	-	-	-}" "${rej:--}" "${mt:--}	${mx:--}" >> "$RESULTS"
+}
+
+step() { # name attack seed merge defences...
+  [ -n "$REPORT_DIR" ] || run "$@"
+  report "$1"
 }
 
 echo "== one hostile learner (id 3) among 4, quorum 3, $T s per run; syncer: $SYNC"
 if [ -n "$ATTACKS" ]; then
-  run "absent.robust" absent 1 tokens $ON # the reference: the 3 honest learners alone
-  report "absent.robust"
+  step "absent.robust" absent 1 tokens $ON # the reference: the 3 honest learners alone
 fi
 for a in $ATTACKS; do
-  run "$a.before" "$a" 1 tokens $OFF
-  report "$a.before"
-  run "$a.after" "$a" 1 tokens $ON
-  report "$a.after"
+  step "$a.before" "$a" 1 tokens $OFF
+  step "$a.after" "$a" 1 tokens $ON
 done
 echo "== no attack: mean merge (defences off) vs robust settings, seeds $SEEDS"
 for s in $SEEDS; do
-  run "none.mean.s$s" - "$s" mean $OFF
-  report "none.mean.s$s"
-  run "none.robust.s$s" - "$s" tokens $ON
-  report "none.robust.s$s"
+  step "none.mean.s$s" - "$s" mean $OFF
+  step "none.robust.s$s" - "$s" tokens $ON
 done
 echo "logs in $DIR, results in $RESULTS"
