@@ -2,7 +2,8 @@
  *  - the agreed parameters are the stale overlap's, bit for bit: after a
  *    flush the parameters equal the STALE run's on every rank, and after
  *    every call each element sits at the STALE run's value or exactly one
- *    provisional step (1.0 lr for sign, 0.5625 lr for DisTrO-AdamW) away
+ *    provisional step (1.0 lr for sign, 0.75 times the rectified step for
+ *    DisTrO-AdamW) away
  *    from it;
  *  - the provisional step's direction is the sign of the rank's whole
  *    momentum of that step (what it sent plus what it kept), checked

@@ -28,9 +28,9 @@ static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr) {
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in
  * flight, as a fraction of the update's own step (sign: lr; DisTrO-AdamW:
- * its rectified step, distro__adamw_step_scale). Chosen on the demo model
- * with the unrectified 0.75 lr step; the runs are in
- * docs/design.md, "Overlap". */
+ * its rectified step, distro__adamw_step_scale), along the sign of the
+ * rank's whole momentum. 0.75 and 1.0 were compared on the demo model with
+ * the rectified step; the runs are in docs/design.md, "Overlap". */
 #define DISTRO__AHEAD_SIGN 1.0f
 #define DISTRO__AHEAD_ADAMW 0.75f
 

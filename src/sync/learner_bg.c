@@ -539,14 +539,12 @@ static void on_syncer_msg(bg *b, distro__sy_frames *fr, double now) {
       const int js = l->join_state;
       pthread_mutex_unlock(&l->mu);
       distro__ln_log(l, "error reply %s to %s: %s", distro_sync_error_name((int)m.a), distro__sy_type_name((int)m.b), msg);
-      if (m.a == DISTRO_SYNC_E_SIGNATURE && js != J_DONE) {
+      /* Permanent while joining: saying hello again cannot change the answer. */
+      const int model = m.a == DISTRO_SYNC_E_SIGNATURE;
+      if (js != J_DONE && (model || ((m.a == DISTRO_SYNC_E_REFUSED || m.a == DISTRO_SYNC_E_PROTOCOL) &&
+                                     m.b == DISTRO__SY_HELLO))) {
         char j[DISTRO__SY_MAX_ERROR + 64];
-        snprintf(j, sizeof j, "the syncer refused this model: %s", msg);
-        set_join(l, J_FAILED, distro_sync_error_status((int)m.a), j);
-      } else if ((m.a == DISTRO_SYNC_E_REFUSED || m.a == DISTRO_SYNC_E_PROTOCOL) && m.b == DISTRO__SY_HELLO &&
-                 js != J_DONE) { /* permanent: saying hello again cannot change the answer */
-        char j[DISTRO__SY_MAX_ERROR + 64];
-        snprintf(j, sizeof j, "the syncer refused this learner: %s", msg);
+        snprintf(j, sizeof j, "the syncer refused this %s: %s", model ? "model" : "learner", msg);
         set_join(l, J_FAILED, distro_sync_error_status((int)m.a), j);
       } else if (m.a == DISTRO_SYNC_E_NOT_READY && js != J_DONE) {
         b->next_hello = now + 0.2;

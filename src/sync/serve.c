@@ -67,6 +67,14 @@ static void reject(distro_syncer *s, route r, uint32_t learner, int code, int ty
   pthread_mutex_unlock(&s->mu);
 }
 
+/* A step time a learner claimed (REPORT or HEARTBEAT e, seconds; 0: none):
+ * its latest, and its fastest, which bounds its claimed steps (bounds.c). */
+static void note_step_time(sy_learner *l, double e) {
+  if (!(e > 0)) return;
+  l->step_s = e;
+  if (l->step_min <= 0 || e < l->step_min) l->step_min = e;
+}
+
 /* The learner a message claims to come from, if that connection owns it. */
 static sy_learner *authenticate(distro_syncer *s, route r, const distro__sy_msg *m) {
   if (m->learner >= DISTRO__SY_MAX_LEARNERS) return NULL;
@@ -554,8 +562,7 @@ static void on_report(distro_syncer *s, route r, sy_learner *l, const distro__sy
   rp->steps = (double)m->d;
   rp->late = late;
   rp->max_steps = distro__syncer_steps_bound(s, l, (int)p, m->b, now, &rp->max_by_time);
-  if (m->e > 0) l->step_s = m->e;
-  if (m->e > 0 && (l->step_min <= 0 || m->e < l->step_min)) l->step_min = m->e;
+  note_step_time(l, m->e);
   l->reports++;
   pthread_mutex_lock(&s->mu);
   s->reports++;
@@ -646,8 +653,7 @@ static void handle(distro_syncer *s, distro__sy_frames *fr, double now) {
                "HEARTBEAT with unknown flag bits 0x%llx", (unsigned long long)m.b);
         break;
       }
-      if (m.e > 0) l->step_s = m.e;
-      if (m.e > 0 && (l->step_min <= 0 || m.e < l->step_min)) l->step_min = m.e;
+      note_step_time(l, m.e);
       if (m.a > l->hb_steps) l->hb_steps = m.a;
       if ((m.b & DISTRO__SY_HB_READY) && !l->ready) {
         l->ready = 1;
