@@ -7,14 +7,18 @@
 #
 #   bench/quality/run.sh [--build DIR] [--set NAME] [--sizes small,large,xl] [--seeds 1,2,3]
 #                        [--optims adamw,distro,distro-adamw,diloco] [--lr-scales 1]
-#                        [--wd X] [--quick] [--fresh] [--report]
+#                        [--wd X] [--ckpt-dir DIR] [--quick] [--fresh] [--report]
 #
 # Results are data: one row per run in bench/quality/data/NAME.tsv (default
 # set "main") and its validation curve in NAME.curves.tsv, both committed.
 # A run whose row is there already is skipped, so an interrupted set resumes
 # where it stopped (--fresh starts the set over). --report runs nothing: it
 # rebuilds the tables and docs/quality.png from the set (main unless --set
-# says otherwise). Logs and per-step CSVs go to DIR/quality.
+# says otherwise). Logs and per-step CSVs go to DIR/quality. Each run also
+# checkpoints itself every --eval-every steps into --ckpt-dir (default
+# ~/.cache/distro-quality, outside the work tree): a run that was cut off
+# (a session's end, a reboot) continues from its last checkpoint when the
+# set is run again, with the same result as an uninterrupted run.
 #
 # X-overlap runs optimizer X with --overlap-step (look-ahead), X-stale with
 # --overlap-stale. --wd X sets the decoupled weight decay for every run (the
@@ -28,6 +32,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 build=build set= sizes=small,large seeds=1,2,3 optims=adamw,distro,distro-adamw,diloco lrs=1 wd=0
+ckpt=${XDG_CACHE_HOME:-$HOME/.cache}/distro-quality
 quick=0 report=0 fresh=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,10 +43,11 @@ while [ $# -gt 0 ]; do
     --optims) optims=$2; shift 2 ;;
     --lr-scales) lrs=$2; shift 2 ;;
     --wd) wd=$2; shift 2 ;;
+    --ckpt-dir) ckpt=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --fresh) fresh=1; shift ;;
     --report) report=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quality: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -63,7 +69,7 @@ set=${set:-main}
 gpt=$build/python-free-examples/gpt/gpt-train
 [ -x "$gpt" ] || { echo "quality: $gpt not built (make build)" >&2; exit 1; }
 out=$build/quality
-mkdir -p "$out"
+mkdir -p "$out" "$ckpt"
 results=$data/$set.tsv curvefile=$data/$set.curves.tsv
 header="size	optimizer	lr	lr_scale	wd	seed	final_val	bytes_per_step	steps	params"
 if [ "$fresh" = 1 ] || [ ! -s "$results" ]; then
@@ -112,12 +118,27 @@ for size in "${S[@]}"; do
           *-overlap) gopt=${opt%-overlap} extra="--overlap-step" ;;
           *-stale) gopt=${opt%-stale} extra="--overlap-stale" ;;
         esac
+        # Checkpoints (not for DiLoCo, whose trainer does not save): resume
+        # a run that was cut off; its CSV then holds the steps after the
+        # checkpoint twice, and the last copy of each step is kept below.
+        every=$(echo "$flags" | awk '{for (i = 1; i < NF; i++) if ($i == "--eval-every") n = $(i+1)} END {print n}')
+        save="" ck=$ckpt/$tag.ckpt
+        if [ "$opt" != diloco ]; then save="--save $ck --save-every $every"; fi
+        if [ -n "$save" ] && [ -s "$ck" ]; then
+          save="$save --resume $ck"; echo "[$k/$total] $tag: resuming from $ck"
+        else
+          rm -f "$out/$tag.csv" "$out/$tag.log"
+        fi
         # shellcheck disable=SC2086
         if ! "$gpt" --optim "$gopt" --seed "$seed" $flags --lr "$lr" --wd "$wd" $extra --print-every 100000 \
-               --log "$out/$tag.csv" > "$out/$tag.log" 2>&1; then
+               --log "$out/$tag.csv" $save >> "$out/$tag.log" 2>&1; then
           echo "[$k/$total] $tag: FAILED (see $out/$tag.log)"; continue
         fi
-        final=$(awk '/^final val loss/ {print $4; exit}' "$out/$tag.log")
+        # The last copy of each step's row, in step order.
+        awk -F, 'NR == 1 {print; next} {row[$1] = $0; if (!($1 in seen)) {seen[$1] = 1; ord[++n] = $1}}
+                 END {for (i = 1; i <= n; i++) print row[ord[i]]}' "$out/$tag.csv" > "$out/$tag.csv.tmp" &&
+          mv "$out/$tag.csv.tmp" "$out/$tag.csv"
+        final=$(awk '/^final val loss/ {f = $4} END {print f}' "$out/$tag.log")
         # Mean bytes this rank sent per step (DiLoCo: amortized outer payloads).
         bytes=$(awk -F, 'NR > 1 {s += $7; n++} END {if (n) printf "%.0f", s / n}' "$out/$tag.csv")
         steps=$(awk -F, 'NR > 1 {n = $1} END {print n}' "$out/$tag.csv")
@@ -129,6 +150,7 @@ for size in "${S[@]}"; do
         awk -F, -v a="$size" -v b="$opt" -v c="$scale" -v d="$wd" -v e="$seed" -v f="$final" -v n="$steps" \
           'NR > 1 && $4 != "nan" && $1 != n {printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a, b, c, d, e, $1, $4}
            END {printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a, b, c, d, e, n, f}' "$out/$tag.csv" >> "$curvefile"
+        rm -f "$ck"
         ran=$((ran + 1)) el=$(( $(date +%s) - t0 ))
         echo "[$k/$total] $tag: final val loss $final, $bytes B/step, $(( $(date +%s) - start )) s" \
              "(elapsed $((el / 60)):$(printf %02d $((el % 60))), ETA $(( el * (total - k) / k / 60 )) min)"

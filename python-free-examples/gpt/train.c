@@ -434,6 +434,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
         who = 0;
         goto done;
       }
+      if (log) fflush(log); /* the log holds every step the checkpoint does */
       who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, rng.s, err, sizeof err);
       if (who != -1) goto done;
       if (lead && !c->quiet) {
