@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The tables and the figure of bench/quality, rebuilt from its data:
-#   bench/quality/report.sh ROWS.tsv... -- CURVES.tsv...
+#   bench/quality/report.sh [--figure PNG] ROWS.tsv... -- CURVES.tsv...
 # (bench/quality/run.sh --report calls it with every set in data/.)
 # Table 1: each optimizer at AdamW's lr (lr scale 1): mean +- sd, median and
 # worst seed of the final validation loss, the gap of its mean to AdamW's
 # over the seeds both ran, the worst
 # seed's gap to AdamW on the same seed, bytes per step. Table 2: the lr
-# sensitivity (every lr scale with an AdamW row). Figure: docs/quality.png,
-# mean validation curves at AdamW's lr. Rows of the same run in several
+# sensitivity (every lr scale with an AdamW row). Figure (--figure, default
+# docs/quality.png): mean validation curves at AdamW's lr. Rows of the same run in several
 # files count once (the last one read).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-rows=() curves=()
+rows=() curves=() fig=$here/../../docs/quality.png
+if [ "${1:-}" = --figure ]; then fig=$2; shift 2; fi
 while [ $# -gt 0 ] && [ "$1" != -- ]; do rows+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 curves=("$@")
@@ -91,7 +92,7 @@ END {
 }' "${curves[@]}"
 npanels=$(wc -l < "$tmp/panels")
 {
-  echo "set terminal pngcairo size $((560 * npanels)),480 noenhanced; set output '$here/../../docs/quality.png'"
+  echo "set terminal pngcairo size $((560 * npanels)),480 noenhanced; set output '$fig'"
   echo "set multiplot layout 1,$npanels; set grid; set xlabel 'step'; set ylabel 'validation loss (mean over seeds)'"
   while read -r size opts; do
     echo "set title 'bench/quality: $size model, AdamW lr'"
@@ -101,4 +102,4 @@ npanels=$(wc -l < "$tmp/panels")
   done < "$tmp/panels"
   echo "unset multiplot"
 } | gnuplot
-echo "figure: docs/quality.png"
+echo "figure: $fig"

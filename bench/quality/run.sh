@@ -54,6 +54,9 @@ done
 data=$here/data
 mkdir -p "$data"
 
+# Only the main set draws docs/quality.png; any other set's figure goes to /tmp.
+figure() { if [ "$1" = main ]; then echo "$here/../../docs/quality.png"; else echo "${TMPDIR:-/tmp}/quality-$1.png"; fi; }
+
 if [ "$report" = 1 ]; then
   files=("$data/${set:-main}.tsv")
   rows=() curves=()
@@ -62,7 +65,7 @@ if [ "$report" = 1 ]; then
     [ -s "$f" ] || { echo "quality: --report: no data in $f" >&2; exit 1; }
     rows+=("$f"); [ -s "${f%.tsv}.curves.tsv" ] && curves+=("${f%.tsv}.curves.tsv")
   done
-  exec "$here/report.sh" "${rows[@]}" -- "${curves[@]}"
+  exec "$here/report.sh" --figure "$(figure "${set:-main}")" "${rows[@]}" -- "${curves[@]}"
 fi
 
 set=${set:-main}
@@ -159,4 +162,4 @@ for size in "${S[@]}"; do
   done
 done
 echo
-"$here/report.sh" "$results" -- "$curvefile"
+"$here/report.sh" --figure "$(figure "$set")" "$results" -- "$curvefile"
