@@ -17,6 +17,7 @@
 #include "compress/dct.h"
 #include "compress/topk.h"
 #include "cuda/step_math.h"
+#include "cuda_emu.h"
 #include "optim/optim_internal.h"
 #include "optim/step_rule.h"
 #include "testutil.h"
@@ -50,21 +51,6 @@ static void ref_dct(const float *in, int ld, int h, int w, int inverse, double *
     }
   free(bh), free(bw), free(mid);
 }
-
-static int same_bits(const float *a, const float *b, int64_t n, int64_t *at) {
-  for (int64_t i = 0; i < n; i++)
-    if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      *at = i;
-      return 0;
-    }
-  return 1;
-}
-
-typedef struct {
-  distro__tiling t;
-  distro__dct_plan p;
-  distro__hd_dct D;
-} tile_plan;
 
 static void plan_for(tile_plan *tp, int h, int w) {
   const int64_t shape[2] = {h, w};
@@ -246,68 +232,6 @@ typedef struct {
   char why[512];
 } rank_job;
 
-/* One rank's emulated GPU step on top of a CPU optimizer `h` that is never
- * stepped itself (as src/cuda/optim_cuda.c uses one): the tile passes of
- * step_math.h, the selection, and the CPU's payload code. */
-typedef struct {
-  distro_optim *h;
-  float **param, **grad, **mom, **next, **v;
-  tile_plan *tp;
-  float *work;
-  uint32_t *iwork;
-  float *tile;
-} emu;
-
-static distro_status emu_step(emu *E, float lr) {
-  distro_optim *h = E->h;
-  const int sign = h->opt.update == DISTRO_UPDATE_SIGN, adam = !sign;
-  const float s = sign ? lr : 1.0f, decay = h->opt.compression_decay;
-  const float c2 = (float)(1.0 - pow((double)h->opt.beta2, (double)(h->step + 1)));
-  int bad = -1, hist[256];
-  uint32_t flag;
-  for (int i = 0; i < h->nparams; i++) {
-    const distro__tiling *t = &h->tilings[i];
-    for (int64_t c = 0; c < t->nchunks; c++) {
-      const int64_t off = (c / t->tiles_c) * t->h * t->cols + (c % t->tiles_c) * t->w;
-      if (distro__hd_compress_tile(&E->tp[i].D, E->grad[i] + off, adam ? E->v[i] + off : NULL, adam, h->opt.beta2, c2,
-                                   h->opt.eps, E->mom[i] + off, E->next[i] + off, t->cols, decay, s, E->work, &flag, 0,
-                                   1) &&
-          bad < 0)
-        bad = i;
-      /* the selection, on a contiguous copy of the tile (topk.cu reads it in place) */
-      for (int64_t b = 0; b < t->h; b++)
-        memcpy(E->tile + b * t->w, E->next[i] + off + b * t->cols, sizeof(float) * (size_t)t->w);
-      distro__hd_select(E->tile, (int)t->chunk_elems, (int)t->k, h->params[i].idx + c * t->k,
-                        h->params[i].val + c * t->k, hist);
-      for (int64_t b = 0; b < t->h; b++)
-        memcpy(E->next[i] + off + b * t->cols, E->tile + b * t->w, sizeof(float) * (size_t)t->w);
-    }
-  }
-  distro_step_stats st;
-  memset(&st, 0, sizeof st);
-  const size_t size = distro__payload_encode(h, bad);
-  if (size == 0) return DISTRO_ERR_PAYLOAD;
-  distro_status r = distro__payload_exchange(h, size, &st);
-  if (r != DISTRO_OK) return r;
-  const float step = sign ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr),
-              shrink = 1.0f - lr * h->opt.weight_decay;
-  for (int i = 0; i < h->nparams; i++) {
-    const distro__tiling *t = &h->tilings[i];
-    float *tmp = E->mom[i];
-    E->mom[i] = E->next[i];
-    E->next[i] = tmp;
-    for (int64_t c = 0; c < t->nchunks; c++) {
-      const int64_t off = (c / t->tiles_c) * t->h * t->cols + (c % t->tiles_c) * t->w;
-      const size_t sel = (size_t)h->sel_off[i] + (size_t)(c * t->k);
-      distro__hd_apply_tile(&E->tp[i].D, h->dec_idx + sel, h->dec_val + sel, h->total_sel, h->dropped, h->comm->size,
-                            (int)t->k, E->param[i] + off, E->grad[i] + off, adam ? E->v[i] + off : NULL, adam,
-                            h->opt.beta2, t->cols, shrink, step, E->work, E->iwork, 0, 1);
-    }
-  }
-  h->step++;
-  return DISTRO_OK;
-}
-
 static int64_t numel_of(const int64_t *sh) {
   int64_t n = 1;
   for (int d = 1; d <= sh[0]; d++) n *= sh[d];
@@ -321,12 +245,6 @@ static void *run_rank(void *arg) {
   emu E;
   memset(&E, 0, sizeof E);
   float *cparam[NT], *eparam[NT], *grad[NT];
-  E.param = eparam;
-  E.grad = grad;
-  float *mom[NT], *next[NT], *v[NT];
-  tile_plan tp[NT];
-  E.mom = mom, E.next = next, E.v = v, E.tp = tp;
-  int64_t maxe = 1;
   char name[16];
 #define FAIL(...)                                         \
   do {                                                    \
@@ -341,9 +259,6 @@ static void *run_rank(void *arg) {
     cparam[i] = malloc(sizeof(float) * (size_t)n);
     eparam[i] = malloc(sizeof(float) * (size_t)n);
     grad[i] = malloc(sizeof(float) * (size_t)n);
-    mom[i] = calloc((size_t)n, sizeof(float));
-    next[i] = calloc((size_t)n, sizeof(float));
-    v[i] = calloc((size_t)n, sizeof(float));
     tu_rng prng = {0xabcdefull + (uint64_t)i}; /* the same parameters on every rank */
     tu_fill_normal(&prng, cparam[i], (size_t)n, 0.5f);
     memcpy(eparam[i], cparam[i], sizeof(float) * (size_t)n);
@@ -354,19 +269,7 @@ static void *run_rank(void *arg) {
   }
   if (distro__optim_prepare(hopt) != DISTRO_OK || distro__optim_verify(hopt, 1) != DISTRO_OK)
     FAIL("prepare: %s", distro_last_error());
-  E.h = hopt;
-  for (int i = 0; i < NT; i++) {
-    const distro__tiling *t = &hopt->tilings[i];
-    if (t->chunk_elems > maxe) maxe = t->chunk_elems;
-    tp[i].t = *t;
-    if (distro__dct_plan_init(&tp[i].p, t, DISTRO__DCT_FAST) != DISTRO_OK) FAIL("plan: %s", distro_last_error());
-    distro__hd_dct_from_plan(&tp[i].p, &tp[i].D);
-  }
-  int64_t hmax = 1;
-  for (int i = 0; i < NT; i++) hmax = hopt->tilings[i].h > hmax ? hopt->tilings[i].h : hmax;
-  E.work = malloc(sizeof(float) * (size_t)(10 * maxe + 64));
-  E.iwork = malloc(sizeof(uint32_t) * (size_t)(3 * maxe + hmax + 8));
-  E.tile = malloc(sizeof(float) * (size_t)maxe);
+  if (emu_init(&E, hopt, eparam, grad, 0) != 0) FAIL("emu_init: %s", distro_last_error());
   for (int step = 0; step < STEPS; step++) {
     for (int i = 0; i < NT; i++) tu_fill_normal(&rng, grad[i], (size_t)numel_of(tshapes[i]), 1.0f + (float)step);
     const float lr = 0.01f / (float)(step + 1);
@@ -380,11 +283,8 @@ static void *run_rank(void *arg) {
              (double)eparam[i][at]);
     }
   }
-  for (int i = 0; i < NT; i++) {
-    free(cparam[i]), free(eparam[i]), free(grad[i]), free(mom[i]), free(next[i]), free(v[i]);
-    distro__dct_plan_destroy(&tp[i].p);
-  }
-  free(E.work), free(E.iwork), free(E.tile);
+  for (int i = 0; i < NT; i++) free(cparam[i]), free(eparam[i]), free(grad[i]);
+  emu_free(&E);
   distro_optim_free(cpu);
   distro_optim_free(hopt);
   return NULL;
@@ -408,14 +308,7 @@ static void run_config(distro_update update, distro_values values, int wire, int
     jobs[r].cpu_comm = cc[r];
     jobs[r].emu_comm = ec[r];
     jobs[r].rank = r;
-    jobs[r].opt = distro_options_default(DISTRO_ALG_DEMO);
-    jobs[r].opt.update = update;
-    jobs[r].opt.values = values;
-    jobs[r].opt.wire_version = wire;
-    jobs[r].opt.chunk = chunk;
-    jobs[r].opt.topk = chunk == 64 ? 48 : 7;
-    jobs[r].opt.weight_decay = 0.1f;
-    jobs[r].opt.threads = 1;
+    jobs[r].opt = emu_options(update, values, wire, chunk, chunk == 64 ? 48 : 7);
   }
   run_ranks(run_rank, jobs, sizeof jobs[0]);
   for (int r = 0; r < WORLD; r++) {

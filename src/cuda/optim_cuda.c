@@ -30,10 +30,10 @@ distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *c
   if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_create: out is NULL");
   *out = NULL;
   DISTRO_CHECK(distro_optim_create(opt, comm, &host));
-  if (host->opt.overlap)
+  if (host->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD)
     DISTRO_FAIL(DISTRO_ERR_UNSUPPORTED,
-                "distro_cuda_optim_create: options.overlap is not supported on the GPU (the step waits for its "
-                "exchange); set overlap = 0");
+                "distro_cuda_optim_create: options.overlap = DISTRO_OVERLAP_LOOKAHEAD is not supported on the GPU "
+                "yet; DISTRO_OVERLAP_STALE is (or set overlap = 0)");
   distro_cuda_optim *o = calloc(1, sizeof *o);
   if (!o) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_cuda_optim_create: out of memory");
   o->host = host;
@@ -112,7 +112,8 @@ static void free_device_state(distro_cuda_optim *o) {
     cudaFree(p->mom_next);
     cudaFree(p->m);
     cudaFree(p->v);
-    p->mom = p->mom_next = p->m = p->v = NULL;
+    cudaFree(p->g_stage);
+    p->mom = p->mom_next = p->m = p->v = p->g_stage = NULL;
     distro__cuda_fft_destroy(&p->fft);
     p->use_fft = 0;
     h->params[i].idx = NULL; /* they pointed into h_sel_idx / h_sel_val */
@@ -171,6 +172,7 @@ static void free_device_state(distro_cuda_optim *o) {
 
 void distro_cuda_optim_free(distro_cuda_optim *o) {
   if (!o) return;
+  distro__overlap_free(o->host); /* first: its helper reads the payload buffers */
   free_device_state(o);
   distro_optim_free(o->host);
   free(o->params);
@@ -263,6 +265,10 @@ distro_status distro__cuda_optim_prepare(distro_cuda_optim *o) {
     if (!demo) continue;
     DISTRO_CHECK(zeroed((void **)&p->mom, bytes));
     DISTRO_CHECK(zeroed((void **)&p->mom_next, bytes));
+    /* Stale overlap: the step's gradient, for the second moment that the
+     * apply of the next call commits (the caller's buffer holds the next
+     * gradient by then). */
+    if (adam && h->opt.overlap) DISTRO_CHECK(zeroed((void **)&p->g_stage, bytes));
     if (exact) {
       if (hp->tiling.chunk_elems > max_tile) max_tile = hp->tiling.chunk_elems;
       if (hp->tiling.h > max_h) max_h = hp->tiling.h;
@@ -325,8 +331,10 @@ distro_status distro__cuda_optim_prepare(distro_cuda_optim *o) {
   DISTRO_CUDA_TRY(cudaMalloc((void **)&o->counts, sizeof(int) * (size_t)h->max_numel));
   if (h->opt.update == DISTRO_UPDATE_ADAMW)
     DISTRO_CUDA_TRY(cudaMalloc((void **)&o->d_u, sizeof(float) * (size_t)h->max_numel));
-  /* Page-locking the decoded arrays only speeds up their upload. */
-  if (all && cudaHostRegister(h->dec_idx, sizeof(uint32_t) * all, cudaHostRegisterDefault) == cudaSuccess) {
+  if (h->opt.overlap) DISTRO_CHECK(distro__overlap_init(h)); /* the helper thread and its second exchange set */
+  /* Page-locking the decoded arrays only speeds up their upload (not with
+   * overlap: its exchange sets swap, and the registered one would move). */
+  if (all && !h->opt.overlap && cudaHostRegister(h->dec_idx, sizeof(uint32_t) * all, cudaHostRegisterDefault) == cudaSuccess) {
     if (cudaHostRegister(h->dec_val, sizeof(float) * all, cudaHostRegisterDefault) == cudaSuccess)
       o->dec_registered = 1;
     else
@@ -391,6 +399,10 @@ static distro_status demo_local(distro_cuda_optim *o, float lr, int *bad) {
      * gradient reaches its tile's coefficients through the transform) */
     DISTRO_CUDA_TRY(distro__cuda_momentum(S, p->mom_next, p->mom, decay, scale, n, o->d_flags, i));
   }
+  for (int i = 0; i < h->nparams; i++)
+    if (o->params[i].g_stage)
+      DISTRO_CUDA_TRY(cudaMemcpyAsync(o->params[i].g_stage, o->params[i].grad,
+                                      sizeof(float) * (size_t)h->params[i].numel, cudaMemcpyDeviceToDevice, S));
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_FORWARD], S));
   /* Top-k per chunk; what is selected leaves the staged momentum. */
   for (int i = 0; i < h->nparams; i++)
@@ -410,8 +422,9 @@ fail:
 }
 
 /* Phase 4, after a successful exchange: upload every rank's selection,
- * aggregate, inverse DCT and update; waits for the device, so an error of
- * the update kernels is this step's. */
+ * aggregate, inverse DCT and update (DisTrO-AdamW's second moment from the
+ * gradient the aggregate's step compressed: the staged one with overlap);
+ * waits for the device, so an error of the update kernels is this step's. */
 static distro_status demo_apply(distro_cuda_optim *o, float lr) {
   distro_status st = DISTRO_OK;
   distro_optim *h = o->host;
@@ -430,13 +443,14 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
   for (int i = 0; i < h->nparams; i++) {
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;
+    const float *g = p->g_stage ? p->g_stage : p->grad;
     float *q = p->mom; /* the old momentum buffer holds the inverse (GEMM / FFT) */
     p->mom = p->mom_next;
     p->mom_next = q;
     if (p->shape >= 0) {
       DISTRO_CUDA_TRY(distro__cuda_apply_tiles(S, &o->shapes[p->shape].dev, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
                                                o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
-                                               p->param, p->grad, p->v, !sign_update, h->opt.beta2, shrink, step,
+                                               p->param, g, p->v, !sign_update, h->opt.beta2, shrink, step,
                                                o->tile_work, o->tile_iwork, o->max_blocks));
     } else {
       DISTRO_CUDA_TRY(distro__cuda_aggregate(S, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
@@ -447,7 +461,7 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
       else
         DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
       DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, step, shrink, n));
-      if (!sign_update) DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->v, p->grad, n, h->opt.beta2));
+      if (!sign_update) DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->v, g, n, h->opt.beta2));
     }
     if (p->bf16) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, n));
   }
@@ -496,6 +510,47 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   return DISTRO_OK;
 fail:
   return st;
+}
+
+/* Stale overlap (overlap.c's distro__stale_step drives these): the apply
+ * of the previous call's aggregate, then this call's compress. */
+static distro_status stale_apply(void *ctx, float lr) {
+  distro_cuda_optim *o = ctx;
+  distro_status st = demo_apply(o, lr);
+  if (st != DISTRO_OK) o->broken = 1;
+  return st;
+}
+
+static distro_status stale_compress(void *ctx, float lr, int *bad) { return demo_local(ctx, lr, bad); }
+
+static distro_status stale_step(distro_cuda_optim *o, float lr, distro_step_stats *s, int want_stats) {
+  const distro__stale_ops ops = {o, stale_apply, stale_compress};
+  const int applies = distro__overlap_pending(o->host);
+  distro_status st = distro__stale_step(o->host, &ops, lr, s);
+  if (st != DISTRO_OK) return st;
+  if (want_stats) {
+    s->seconds_transform += elapsed(o->ev[EV_START], o->ev[EV_FORWARD]);
+    s->seconds_topk += elapsed(o->ev[EV_FORWARD], o->ev[EV_SELECTED]);
+    if (applies) s->seconds_decode += elapsed(o->ev[EV_UPLOADED], o->ev[EV_DONE]);
+  }
+  return DISTRO_OK;
+}
+
+distro_status distro_cuda_optim_flush(distro_cuda_optim *o, distro_step_stats *stats) {
+  DISTRO__NONNULL("distro_cuda_optim_flush", o);
+  const double t0 = distro__now();
+  distro_step_stats s;
+  memset(&s, 0, sizeof s);
+  if (o->broken) return distro__fail(DISTRO_ERR_CUDA, "distro_cuda_optim_flush: an earlier step failed on the device");
+  if (distro__overlap_pending(o->host)) {
+    const distro__stale_ops ops = {o, stale_apply, stale_compress};
+    distro_status st = distro__stale_flush(o->host, &ops, &s);
+    if (st != DISTRO_OK) return st;
+  }
+  s.step = o->host->step;
+  s.seconds_total = distro__now() - t0;
+  if (stats) *stats = s;
+  return DISTRO_OK;
 }
 
 /* The baseline's flag slot: 1 per rank with a non-finite gradient, this
@@ -638,15 +693,24 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
   } else if (st != DISTRO_OK) {
     return st;
   }
+  /* Overlap: the private comm of the background exchanges, once the ranks
+   * agree that all of them overlap (NCCL cannot be duplicated: refused). */
+  if (h->ov && (st = distro__overlap_attach(h)) != DISTRO_OK) return st;
   if (o->broken) { /* still join the collective, so that the other ranks fail too */
     distro__fail(DISTRO_ERR_CUDA, "an earlier step failed on the device after its exchange; this optimizer's device "
                                   "state is undefined (load a saved state into a new optimizer)");
+    if (h->ov) return distro__stale_fail(h, DISTRO_ERR_CUDA);
     return h->opt.algorithm == DISTRO_ALG_DEMO ? demo_join_failed(o, DISTRO_ERR_CUDA, &s)
                                                : adamw_join_failed(o, DISTRO_ERR_CUDA);
   }
-  st = h->opt.algorithm == DISTRO_ALG_DEMO ? demo_step(o, lr, &s, stats != NULL) : adamw_step(o, lr, &s, stats != NULL);
+  if (h->ov) {
+    st = stale_step(o, lr, &s, stats != NULL); /* counts its own steps */
+  } else {
+    st = h->opt.algorithm == DISTRO_ALG_DEMO ? demo_step(o, lr, &s, stats != NULL)
+                                             : adamw_step(o, lr, &s, stats != NULL);
+    if (st == DISTRO_OK) h->step++;
+  }
   if (st != DISTRO_OK) return st;
-  h->step++;
   s.step = h->step;
   s.seconds_total = distro__now() - t0;
   if (stats) *stats = s;

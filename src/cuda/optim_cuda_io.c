@@ -43,6 +43,9 @@ distro_status distro_cuda_optim_save(const distro_cuda_optim *co, const char *pa
   distro_status st = DISTRO_OK;
   DISTRO__NONNULL("distro_cuda_optim_save", co);
   DISTRO__NONNULL("distro_cuda_optim_save", path);
+  if (distro__overlap_pending(((const distro_cuda_optim *)co)->host))
+    return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_save: an exchange is in flight (options.overlap); call "
+                                            "distro_cuda_optim_flush first");
   if (!*path) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_save: argument 'path' is empty");
   distro_cuda_optim *o = (distro_cuda_optim *)co; /* prepare allocates lazily; no observable change */
   distro_optim *h = o->host;
@@ -71,6 +74,9 @@ distro_status distro_cuda_optim_load(distro_cuda_optim *o, const char *path) {
   int nfresh = 0;
   DISTRO__NONNULL("distro_cuda_optim_load", o);
   DISTRO__NONNULL("distro_cuda_optim_load", path);
+  if (distro__overlap_pending(((distro_cuda_optim *)o)->host))
+    return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_load: an exchange is in flight (options.overlap); call "
+                                            "distro_cuda_optim_flush first");
   distro_optim *h = o->host;
   const int64_t old_step = h->step;
   DISTRO_CHECK(distro__cuda_optim_prepare(o));

@@ -167,15 +167,38 @@ static distro_status wait_exchange(distro_optim *o, distro_step_stats *s) {
   return DISTRO_OK;
 }
 
-distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats *s) {
-  distro__overlap *ov = o->ov;
-  int apply = 0;
-  float lr_prev = 0.0f;
-  if (!ov->pending && ov->comm->broken) /* say so now, not after the next hand-over */
+/* Say a broken private comm now, not after the next hand-over. */
+static distro_status check_comm(const distro_optim *o) {
+  const distro__overlap *ov = o->ov;
+  if (!ov->pending && ov->comm->broken)
     return distro__fail(DISTRO_ERR_TIMEOUT,
                         "an earlier background exchange timed out (%.3g s); the optimizer's communicator is "
                         "unusable, abort the job",
                         ov->comm->timeout_s);
+  return DISTRO_OK;
+}
+
+/* Starts the exchange of the payload in the send buffer (size bytes, this
+ * step's lr) on the helper thread. */
+static void hand_over(distro_optim *o, size_t size, float lr) {
+  distro__overlap *ov = o->ov;
+  ov->size = size;
+  ov->step = o->step;
+  ov->lr = lr;
+  ov->comm->timeout_s = o->comm->timeout_s; /* the caller's current setting */
+  pthread_mutex_lock(&ov->mu);
+  ov->job = 1;
+  pthread_cond_broadcast(&ov->cv);
+  pthread_mutex_unlock(&ov->mu);
+  ov->pending = 1;
+}
+
+distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats *s) {
+  distro__overlap *ov = o->ov;
+  int apply = 0;
+  float lr_prev = 0.0f;
+  distro_status cst = check_comm(o);
+  if (cst != DISTRO_OK) return cst;
   if (ov->pending) {
     distro_status st = wait_exchange(o, s);
     if (st != DISTRO_OK) return st;
@@ -191,15 +214,7 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
     distro__demo_apply(o, apply, lr_prev, o->step, 0.0f, s);
     return DISTRO_ERR_PAYLOAD;
   }
-  ov->size = size;
-  ov->step = o->step;
-  ov->lr = lr;
-  ov->comm->timeout_s = o->comm->timeout_s; /* the caller's current setting */
-  pthread_mutex_lock(&ov->mu);
-  ov->job = 1;
-  pthread_cond_broadcast(&ov->cv);
-  pthread_mutex_unlock(&ov->mu);
-  ov->pending = 1;
+  hand_over(o, size, lr);
   /* The helper reads only the send buffer: the selection in p->idx / p->val
    * stays ours for the provisional step. */
   if (apply || o->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD)
@@ -216,6 +231,64 @@ distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s) {
   o->step++;
   distro__demo_apply(o, 1, ov->lr, o->step, 0.0f, s);
   return DISTRO_OK;
+}
+
+distro_status distro__stale_step(distro_optim *o, const distro__stale_ops *ops, float lr, distro_step_stats *s) {
+  distro__overlap *ov = o->ov;
+  distro_status st = check_comm(o);
+  if (st != DISTRO_OK) return st;
+  if (ov->pending) {
+    st = wait_exchange(o, s);
+    if (st != DISTRO_OK) return st;
+    st = ops->apply(ops->ctx, ov->lr);
+    if (st != DISTRO_OK) return st;
+    o->step++;
+  }
+  int bad = -1;
+  st = ops->compress(ops->ctx, lr, &bad);
+  size_t size = 0;
+  if (st == DISTRO_OK) {
+    const double t0 = distro__now();
+    size = distro__payload_encode(o, bad);
+    s->seconds_topk += distro__now() - t0;
+    if (size == 0) st = distro__fail(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
+  }
+  if (st != DISTRO_OK) { /* every rank fails this step at its next wait */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", distro_last_error());
+    size = distro__payload_encode_failed(o, st);
+    if (size) hand_over(o, size, lr);
+    return distro__fail(st, "%s", msg);
+  }
+  hand_over(o, size, lr);
+  return DISTRO_OK;
+}
+
+distro_status distro__stale_flush(distro_optim *o, const distro__stale_ops *ops, distro_step_stats *s) {
+  distro__overlap *ov = o->ov;
+  if (!ov || !ov->pending) return DISTRO_OK;
+  distro_status st = wait_exchange(o, s);
+  if (st != DISTRO_OK) return st;
+  st = ops->apply(ops->ctx, ov->lr);
+  if (st != DISTRO_OK) return st;
+  o->step++;
+  return DISTRO_OK;
+}
+
+distro_status distro__stale_fail(distro_optim *o, distro_status why) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", distro_last_error());
+  distro__overlap *ov = o->ov;
+  if (check_comm(o) == DISTRO_OK) {
+    if (ov->pending) {
+      distro_step_stats s;
+      memset(&s, 0, sizeof s);
+      (void)wait_exchange(o, &s);
+    }
+    const size_t size = distro__payload_encode_failed(o, why);
+    if (size) hand_over(o, size, 0.0f);
+  }
+  return distro__fail(why, "%s", msg);
 }
 
 void distro__overlap_free(distro_optim *o) {

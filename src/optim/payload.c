@@ -75,18 +75,20 @@ size_t distro__payload_encode(distro_optim *o, int bad_tensor) {
   return o->fmt->encode(o, rank, step);
 }
 
-void distro__payload_join_failed(distro_optim *o, distro_status why, distro_step_stats *s) {
+size_t distro__payload_encode_failed(distro_optim *o, distro_status why) {
   const uint32_t rank = (uint32_t)o->comm->rank, code = (uint32_t)why;
-  size_t size;
   if (o->opt.wire_version == 1) {
     distro__wire_write_header(o->send, &o->layout, o->tilings, DISTRO__WIRE_FLAG_ABORT, rank, (uint64_t)o->step, code,
                               0);
     distro__wire_clear_body(o->send, &o->layout);
     distro__wire_seal(o->send, &o->layout);
-    size = o->layout.total;
-  } else {
-    size = distro__wire2_encode_abort(o->send, o->w2, o->nparams, o->opt.values, rank, (uint64_t)o->step, code, 0);
+    return o->layout.total;
   }
+  return distro__wire2_encode_abort(o->send, o->w2, o->nparams, o->opt.values, rank, (uint64_t)o->step, code, 0);
+}
+
+void distro__payload_join_failed(distro_optim *o, distro_status why, distro_step_stats *s) {
+  const size_t size = distro__payload_encode_failed(o, why);
   if (size) (void)distro__payload_exchange(o, size, s); /* fails on every rank, here too */
 }
 

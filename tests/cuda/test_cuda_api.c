@@ -51,6 +51,15 @@ int main(void) {
   }
   distro_options adam = distro_options_default(DISTRO_ALG_ADAMW);
   CT_CHECK(gpu_create(&adam, comm) == DISTRO_OK, "AdamW baseline on the GPU: %s", distro_last_error());
+  /* overlap: stale runs on the GPU, look-ahead is refused by name */
+  distro_options ov = ok;
+  ov.overlap = DISTRO_OVERLAP_STALE;
+  CT_CHECK(gpu_create(&ov, comm) == DISTRO_OK, "stale overlap on the GPU: %s", distro_last_error());
+  ov.overlap = DISTRO_OVERLAP_LOOKAHEAD;
+  CT_CHECK(gpu_create(&ov, comm) == DISTRO_ERR_UNSUPPORTED && strstr(distro_last_error(), "LOOKAHEAD") &&
+               strstr(distro_last_error(), "DISTRO_OVERLAP_STALE"),
+           "look-ahead on the GPU: '%s'", distro_last_error());
+  CT_CHECK(distro_cuda_optim_flush(NULL, NULL) == DISTRO_ERR_INVALID, "flush NULL");
 
   /* add_param: same checks as the CPU optimizer, with dummy pointers (never
    * dereferenced before the first step) */
@@ -139,6 +148,7 @@ int main(void) {
   distro_cuda_optim *empty = NULL;
   CT_CHECK(distro_cuda_optim_create(&ok, comm, 0, &empty) == DISTRO_OK, "create");
   CT_CHECK(distro_cuda_optim_step(empty, 0.1f, NULL) == DISTRO_ERR_INVALID, "no tensors");
+  CT_CHECK(distro_cuda_optim_flush(empty, NULL) == DISTRO_OK, "flush with nothing in flight");
   distro_cuda_optim_free(empty);
   distro_cuda_optim_free(gpu);
   distro_cuda_optim_free(NULL);

@@ -4,7 +4,8 @@
  * (exact) DCT method, stays bit-identical; with cuBLAS / cuFFT it agrees
  * within float32 rounding; the AdamW all-reduce baseline on GPU ranks equals the CPU
  * baseline; a non-finite gradient fails the step everywhere and changes
- * nothing; bf16 parameters follow their fp32 master. */
+ * nothing; bf16 parameters follow their fp32 master; with the stale
+ * overlap, GPU ranks equal CPU ranks bit for bit. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -19,7 +20,7 @@
 
 enum { CPU, GPU, GPU_BF16 };
 #define MAXW 3
-#define STEPS 4
+#define STEPS 7 /* DisTrO-AdamW's rectified step is 0 for steps 1-4 */
 
 typedef struct {
   distro_options opt;
@@ -101,6 +102,10 @@ static distro_status rank_fn(distro_comm *comm, int rank, void *arg) {
         free(now);
       }
   }
+  if (j->opt.overlap) { /* the exchange in flight lands before the parameters are read */
+    st = kind == CPU ? distro_optim_flush(cpu, NULL) : distro_cuda_optim_flush(gpu, NULL);
+    CT_CHECK(st == DISTRO_OK, "flush: %s", distro_last_error());
+  }
   for (int i = 0; i < NT; i++) {
     const int64_t n = numel(i);
     j->out[rank][i] = malloc(sizeof(float) * n);
@@ -178,7 +183,7 @@ static int identical(const job *j, int a, int b) {
 int main(void) {
   ct_require_gpu("test_cuda_step");
   ct_seed_used = tu_seed();
-  distro_options variants[4];
+  distro_options variants[6];
   variants[0] = distro_options_default(DISTRO_ALG_DEMO); /* wire v2, F32, sign */
   variants[1] = variants[0];
   variants[1].wire_version = 1;
@@ -190,7 +195,12 @@ int main(void) {
   variants[3] = variants[0];
   variants[3].update = DISTRO_UPDATE_ADAMW;
   variants[3].values = DISTRO_VALUES_INT8;
-  for (int v = 0; v < 4; v++) {
+  /* the stale overlap: GPU ranks follow the CPU's stale step */
+  variants[4] = variants[0];
+  variants[4].overlap = DISTRO_OVERLAP_STALE;
+  variants[5] = variants[3];
+  variants[5].overlap = DISTRO_OVERLAP_STALE;
+  for (int v = 0; v < 6; v++) {
     job g = make(variants[v], 3, GPU, GPU, GPU);
     run(&g);
     CT_CHECK(all_ok(&g), "variant %d: GPU job failed", v);

@@ -1,0 +1,153 @@
+/* The GPU step emulated on the CPU (see cuda_emu.h). Built with
+ * -ffp-contract=off, as the library is (tests/cuda_host.cmake). */
+#include "cuda_emu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_internal.h"
+#include "common/error.h"
+#include "optim/step_rule.h"
+
+int same_bits(const float *a, const float *b, int64_t n, int64_t *at) {
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      *at = i;
+      return 0;
+    }
+  return 1;
+}
+
+distro_options emu_options(distro_update update, distro_values values, int wire, int chunk, int topk) {
+  distro_options o = distro_options_default(DISTRO_ALG_DEMO);
+  o.update = update;
+  o.values = values;
+  o.wire_version = wire;
+  o.chunk = chunk;
+  o.topk = topk;
+  o.weight_decay = 0.1f;
+  o.threads = 1;
+  return o;
+}
+
+static float **floats_per_tensor(const distro_optim *h) {
+  float **a = calloc((size_t)h->nparams, sizeof *a);
+  for (int i = 0; a && i < h->nparams; i++) {
+    a[i] = calloc((size_t)h->params[i].numel, sizeof(float));
+    if (!a[i]) return NULL;
+  }
+  return a;
+}
+
+int emu_init(emu *E, distro_optim *h, float **param, float **grad, int stage) {
+  memset(E, 0, sizeof *E);
+  E->h = h;
+  E->nt = h->nparams;
+  E->param = param;
+  E->grad = grad;
+  E->mom = floats_per_tensor(h);
+  E->next = floats_per_tensor(h);
+  E->v = floats_per_tensor(h);
+  if (stage && h->opt.update == DISTRO_UPDATE_ADAMW) E->gst = floats_per_tensor(h);
+  E->tp = calloc((size_t)h->nparams, sizeof *E->tp);
+  if (!E->mom || !E->next || !E->v || !E->tp || (stage && h->opt.update == DISTRO_UPDATE_ADAMW && !E->gst)) return -1;
+  int64_t maxe = 1, hmax = 1;
+  for (int i = 0; i < h->nparams; i++) {
+    const distro__tiling *t = &h->tilings[i];
+    if (t->chunk_elems > maxe) maxe = t->chunk_elems;
+    if (t->h > hmax) hmax = t->h;
+    E->tp[i].t = *t;
+    if (distro__dct_plan_init(&E->tp[i].p, t, DISTRO__DCT_FAST) != DISTRO_OK) return -1;
+    distro__hd_dct_from_plan(&E->tp[i].p, &E->tp[i].D);
+  }
+  E->work = malloc(sizeof(float) * (size_t)(10 * maxe + 64));
+  E->iwork = malloc(sizeof(uint32_t) * (size_t)(3 * maxe + hmax + 8));
+  E->tile = malloc(sizeof(float) * (size_t)maxe);
+  return E->work && E->iwork && E->tile ? 0 : -1;
+}
+
+void emu_free(emu *E) {
+  for (int i = 0; i < E->nt; i++) {
+    if (E->mom) free(E->mom[i]);
+    if (E->next) free(E->next[i]);
+    if (E->v) free(E->v[i]);
+    if (E->gst) free(E->gst[i]);
+    if (E->tp) distro__dct_plan_destroy(&E->tp[i].p);
+  }
+  free(E->mom), free(E->next), free(E->v), free(E->gst), free(E->tp);
+  free(E->work), free(E->iwork), free(E->tile);
+  memset(E, 0, sizeof *E);
+}
+
+static int64_t tile_off(const distro__tiling *t, int64_t c) {
+  return (c / t->tiles_c) * t->h * t->cols + (c % t->tiles_c) * t->w;
+}
+
+distro_status emu_compress(emu *E, float lr, int *bad) {
+  distro_optim *h = E->h;
+  const int sign = h->opt.update == DISTRO_UPDATE_SIGN, adam = !sign;
+  const float s = sign ? lr : 1.0f, decay = h->opt.compression_decay;
+  const float c2 = (float)(1.0 - pow((double)h->opt.beta2, (double)(h->step + 1)));
+  int hist[256];
+  uint32_t flag;
+  *bad = -1;
+  for (int i = 0; i < h->nparams; i++) {
+    const distro__tiling *t = &h->tilings[i];
+    for (int64_t c = 0; c < t->nchunks; c++) {
+      const int64_t off = tile_off(t, c);
+      if (distro__hd_compress_tile(&E->tp[i].D, E->grad[i] + off, adam ? E->v[i] + off : NULL, adam, h->opt.beta2, c2,
+                                   h->opt.eps, E->mom[i] + off, E->next[i] + off, t->cols, decay, s, E->work, &flag, 0,
+                                   1) &&
+          *bad < 0)
+        *bad = i;
+      /* the selection, on a contiguous copy of the tile (topk.cu reads it in place) */
+      for (int64_t b = 0; b < t->h; b++)
+        memcpy(E->tile + b * t->w, E->next[i] + off + b * t->cols, sizeof(float) * (size_t)t->w);
+      distro__hd_select(E->tile, (int)t->chunk_elems, (int)t->k, h->params[i].idx + c * t->k,
+                        h->params[i].val + c * t->k, hist);
+      for (int64_t b = 0; b < t->h; b++)
+        memcpy(E->next[i] + off + b * t->cols, E->tile + b * t->w, sizeof(float) * (size_t)t->w);
+    }
+    if (E->gst) memcpy(E->gst[i], E->grad[i], sizeof(float) * (size_t)h->params[i].numel);
+  }
+  return DISTRO_OK;
+}
+
+distro_status emu_apply(emu *E, float lr) {
+  distro_optim *h = E->h;
+  const int sign = h->opt.update == DISTRO_UPDATE_SIGN, adam = !sign;
+  const float step = sign ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr),
+              shrink = 1.0f - lr * h->opt.weight_decay;
+  for (int i = 0; i < h->nparams; i++) {
+    const distro__tiling *t = &h->tilings[i];
+    const float *g = E->gst ? E->gst[i] : E->grad[i];
+    float *tmp = E->mom[i];
+    E->mom[i] = E->next[i];
+    E->next[i] = tmp;
+    for (int64_t c = 0; c < t->nchunks; c++) {
+      const int64_t off = tile_off(t, c);
+      const size_t sel = (size_t)h->sel_off[i] + (size_t)(c * t->k);
+      distro__hd_apply_tile(&E->tp[i].D, h->dec_idx + sel, h->dec_val + sel, h->total_sel, h->dropped, h->comm->size,
+                            (int)t->k, E->param[i] + off, g + off, adam ? E->v[i] + off : NULL, adam, h->opt.beta2,
+                            t->cols, shrink, step, E->work, E->iwork, 0, 1);
+    }
+  }
+  return DISTRO_OK;
+}
+
+distro_status emu_step(emu *E, float lr) {
+  distro_optim *h = E->h;
+  int bad = -1;
+  distro_status r = emu_compress(E, lr, &bad);
+  if (r != DISTRO_OK) return r;
+  distro_step_stats st;
+  memset(&st, 0, sizeof st);
+  const size_t size = distro__payload_encode(h, bad);
+  if (size == 0) return DISTRO_ERR_PAYLOAD;
+  r = distro__payload_exchange(h, size, &st);
+  if (r != DISTRO_OK) return r;
+  r = emu_apply(E, lr);
+  if (r == DISTRO_OK) h->step++;
+  return r;
+}

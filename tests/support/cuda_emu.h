@@ -1,0 +1,48 @@
+/* The GPU step emulated on the CPU for the host tests of the CUDA backend:
+ * the tile passes of src/cuda/step_math.h (compiled as C), the selection,
+ * and the CPU's payload code, on top of a CPU optimizer `h` that is never
+ * stepped itself, as src/cuda/optim_cuda.c uses one. */
+#ifndef DISTRO_TEST_CUDA_EMU_H
+#define DISTRO_TEST_CUDA_EMU_H
+
+#include <stdint.h>
+
+#include "compress/dct.h"
+#include "cuda/step_math.h"
+#include "optim/optim_internal.h"
+
+typedef struct {
+  distro__tiling t;
+  distro__dct_plan p;
+  distro__hd_dct D;
+} tile_plan;
+
+typedef struct {
+  distro_optim *h; /* prepared and verified */
+  int nt;
+  float **param, **grad;      /* the caller's (borrowed) */
+  float **mom, **next, **v;   /* the device state */
+  float **gst;                /* stale overlap, DisTrO-AdamW: the staged gradients (optim_cuda.c's g_stage), else NULL */
+  tile_plan *tp;
+  float *work, *tile;
+  uint32_t *iwork;
+} emu;
+
+/* Device state for h's tensors (param/grad: h's registered buffers); stage:
+ * keep a copy of each gradient as the stale GPU step does. 0 or -1. */
+int emu_init(emu *E, distro_optim *h, float **param, float **grad, int stage);
+void emu_free(emu *E);
+/* demo_local: compress (momentum staged in next), select into h's
+ * p->idx / p->val; *bad the first tensor with a non-finite state or -1. */
+distro_status emu_compress(emu *E, float lr, int *bad);
+/* demo_apply for aggregate number h->step + 1 from h's decoded set. */
+distro_status emu_apply(emu *E, float lr);
+/* The blocking step: compress, encode, exchange, apply. */
+distro_status emu_step(emu *E, float lr);
+
+int same_bits(const float *a, const float *b, int64_t n, int64_t *at);
+/* The host tests' options: DeMo with this update, values, wire version,
+ * chunk and top-k, weight decay 0.1, one thread. */
+distro_options emu_options(distro_update update, distro_values values, int wire, int chunk, int topk);
+
+#endif
