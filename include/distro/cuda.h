@@ -94,12 +94,13 @@ DISTRO_API distro_status distro_cuda_optim_set_dct(distro_cuda_optim *o, distro_
  * context is lost cannot join, and its peers wait (docs/cuda.md). */
 DISTRO_API distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step_stats *stats);
 
-/* options.overlap = DISTRO_OVERLAP_STALE (DISTRO_OVERLAP_LOOKAHEAD is refused
- * at create on the GPU): each step applies the previous step's aggregate,
+/* options.overlap (DISTRO_OVERLAP_STALE or _LOOKAHEAD; look-ahead needs the
+ * exact DCT method): each step applies the previous step's aggregate,
  * compresses its own gradient and leaves its exchange running on a host
  * thread over a private duplicate of the communicator (the in-process, MPI
  * and custom comms can be duplicated; NCCL cannot, and the first step says
- * so). The parameters follow the CPU's stale step bit for bit. Flush
+ * so); with look-ahead the parameters then take this rank's provisional
+ * step. The parameters follow the CPU's overlapped step bit for bit. Flush
  * applies the exchange in flight: before evaluating, saving or loading. */
 DISTRO_API distro_status distro_cuda_optim_flush(distro_cuda_optim *o, distro_step_stats *stats);
 

@@ -105,6 +105,12 @@ cudaError_t distro__cuda_apply_tiles(cudaStream_t s, const distro__hd_dct *D, co
                                      int world, float *param, const float *grad, float *v, int adam, float b2,
                                      float shrink, float step, float *work, uint32_t *iwork, int max_blocks);
 
+/* demo.c's look-ahead: param = base - ahead sign(inverse DCT of next plus
+ * this rank's selection idx/val, this tensor's entries); ahead 0: a copy. */
+cudaError_t distro__cuda_ahead_tiles(cudaStream_t s, const distro__hd_dct *D, const distro__tiling *t,
+                                     const float *next, const uint32_t *idx, const float *val, const float *base,
+                                     float *param, float ahead, float *work, int max_blocks);
+
 /* ---- per-chunk top-k (topk.cu) ------------------------------------------- */
 
 /* As distro__topk_tiles followed by distro__topk_zero_selected: the k

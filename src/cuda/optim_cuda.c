@@ -30,10 +30,6 @@ distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *c
   if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_create: out is NULL");
   *out = NULL;
   DISTRO_CHECK(distro_optim_create(opt, comm, &host));
-  if (host->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD)
-    DISTRO_FAIL(DISTRO_ERR_UNSUPPORTED,
-                "distro_cuda_optim_create: options.overlap = DISTRO_OVERLAP_LOOKAHEAD is not supported on the GPU "
-                "yet; DISTRO_OVERLAP_STALE is (or set overlap = 0)");
   distro_cuda_optim *o = calloc(1, sizeof *o);
   if (!o) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_cuda_optim_create: out of memory");
   o->host = host;
@@ -113,7 +109,8 @@ static void free_device_state(distro_cuda_optim *o) {
     cudaFree(p->m);
     cudaFree(p->v);
     cudaFree(p->g_stage);
-    p->mom = p->mom_next = p->m = p->v = p->g_stage = NULL;
+    cudaFree(p->base);
+    p->mom = p->mom_next = p->m = p->v = p->g_stage = p->base = NULL;
     distro__cuda_fft_destroy(&p->fft);
     p->use_fft = 0;
     h->params[i].idx = NULL; /* they pointed into h_sel_idx / h_sel_val */
@@ -236,6 +233,9 @@ distro_status distro__cuda_optim_prepare(distro_cuda_optim *o) {
                           h->params[i].name);
   const int adam = distro__uses_adam(&h->opt), world = h->comm->size, demo = h->opt.algorithm == DISTRO_ALG_DEMO;
   const int exact = o->dct_method == DISTRO_CUDA_DCT_EXACT;
+  if (demo && !exact && h->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD)
+    return distro__fail(DISTRO_ERR_UNSUPPORTED, "options.overlap = DISTRO_OVERLAP_LOOKAHEAD on the GPU needs the "
+                                                "exact DCT method (DISTRO_CUDA_DCT_EXACT, the default)");
   if (demo && !exact) {
     DISTRO_CUBLAS_TRY(cublasCreate(&o->blas));
     DISTRO_CUBLAS_TRY(cublasSetStream(o->blas, o->stream));
@@ -269,6 +269,8 @@ distro_status distro__cuda_optim_prepare(distro_cuda_optim *o) {
      * apply of the next call commits (the caller's buffer holds the next
      * gradient by then). */
     if (adam && h->opt.overlap) DISTRO_CHECK(zeroed((void **)&p->g_stage, bytes));
+    /* Look-ahead: the agreed parameters; the caller's run ahead of them. */
+    if (h->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD) DISTRO_CHECK(zeroed((void **)&p->base, bytes));
     if (exact) {
       if (hp->tiling.chunk_elems > max_tile) max_tile = hp->tiling.chunk_elems;
       if (hp->tiling.h > max_h) max_h = hp->tiling.h;
@@ -450,7 +452,8 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
     if (p->shape >= 0) {
       DISTRO_CUDA_TRY(distro__cuda_apply_tiles(S, &o->shapes[p->shape].dev, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
                                                o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
-                                               p->param, g, p->v, !sign_update, h->opt.beta2, shrink, step,
+                                               p->base ? p->base : p->param, g, p->v, !sign_update, h->opt.beta2,
+                                               shrink, step,
                                                o->tile_work, o->tile_iwork, o->max_blocks));
     } else {
       DISTRO_CUDA_TRY(distro__cuda_aggregate(S, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
@@ -463,11 +466,45 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
       DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, step, shrink, n));
       if (!sign_update) DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->v, g, n, h->opt.beta2));
     }
-    if (p->bf16) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, n));
+    /* the bf16 copy (with look-ahead: after the provisional step, demo_ahead) */
+    if (p->bf16 && !p->base) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, n));
   }
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_DONE], S));
   DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
   DISTRO_CUDA_TRY(cudaGetLastError());
+  return DISTRO_OK;
+fail:
+  return st;
+}
+
+/* Look-ahead (demo.c ahead_tile): the caller's parameters become the agreed
+ * ones minus a sign(this rank's whole momentum of the step just
+ * compressed), or with a = 0 the agreed ones; then the bf16 copies. */
+static distro_status demo_ahead(distro_cuda_optim *o, float a) {
+  distro_status st = DISTRO_OK;
+  distro_optim *h = o->host;
+  cudaStream_t S = o->stream;
+  for (int i = 0; i < h->nparams; i++) {
+    cuda_param *p = &o->params[i];
+    DISTRO_CUDA_TRY(distro__cuda_ahead_tiles(S, &o->shapes[p->shape].dev, &h->tilings[i], p->mom_next,
+                                             o->d_sel_idx + h->sel_off[i], o->d_sel_val + h->sel_off[i], p->base,
+                                             p->param, a, o->tile_work, o->max_blocks));
+    if (p->bf16) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, h->params[i].numel));
+  }
+  DISTRO_CUDA_TRY(cudaStreamSynchronize(S));
+  DISTRO_CUDA_TRY(cudaGetLastError());
+  return DISTRO_OK;
+fail:
+  return st;
+}
+
+/* Look-ahead with nothing in flight: the agreed parameters are the caller's. */
+static distro_status demo_agree(distro_cuda_optim *o) {
+  distro_status st = DISTRO_OK;
+  distro_optim *h = o->host;
+  for (int i = 0; i < h->nparams; i++)
+    DISTRO_CUDA_TRY(cudaMemcpyAsync(o->params[i].base, o->params[i].param, sizeof(float) * (size_t)h->params[i].numel,
+                                    cudaMemcpyDeviceToDevice, o->stream));
   return DISTRO_OK;
 fail:
   return st;
@@ -512,21 +549,37 @@ fail:
   return st;
 }
 
-/* Stale overlap (overlap.c's distro__stale_step drives these): the apply
- * of the previous call's aggregate, then this call's compress. */
-static distro_status stale_apply(void *ctx, float lr) {
+/* Overlap (overlap.c's distro__overlap_ext_step drives these): the apply of the
+ * previous call's aggregate, then this call's compress; with look-ahead the
+ * provisional step after the hand-over. */
+static distro_status ov_apply(void *ctx, float lr) {
   distro_cuda_optim *o = ctx;
   distro_status st = demo_apply(o, lr);
   if (st != DISTRO_OK) o->broken = 1;
   return st;
 }
 
-static distro_status stale_compress(void *ctx, float lr, int *bad) { return demo_local(ctx, lr, bad); }
+static distro_status ov_compress(void *ctx, float lr, int *bad) { return demo_local(ctx, lr, bad); }
 
-static distro_status stale_step(distro_cuda_optim *o, float lr, distro_step_stats *s, int want_stats) {
-  const distro__stale_ops ops = {o, stale_apply, stale_compress};
+static distro_status ov_ahead(void *ctx, float a) {
+  distro_cuda_optim *o = ctx;
+  distro_status st = demo_ahead(o, a);
+  if (st != DISTRO_OK) o->broken = 1;
+  return st;
+}
+
+static distro_status ov_agree(void *ctx) { return demo_agree(ctx); }
+
+/* The callbacks of overlap.c's driver (look-ahead adds ahead and agree). */
+static distro__overlap_ext_ops ov_ops(distro_cuda_optim *o) {
+  const int ahead = o->host->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD;
+  return (distro__overlap_ext_ops){o, ov_apply, ov_compress, ahead ? ov_ahead : NULL, ahead ? ov_agree : NULL};
+}
+
+static distro_status overlap_step(distro_cuda_optim *o, float lr, distro_step_stats *s, int want_stats) {
+  const distro__overlap_ext_ops ops = ov_ops(o);
   const int applies = distro__overlap_pending(o->host);
-  distro_status st = distro__stale_step(o->host, &ops, lr, s);
+  distro_status st = distro__overlap_ext_step(o->host, &ops, lr, s);
   if (st != DISTRO_OK) return st;
   if (want_stats) {
     s->seconds_transform += elapsed(o->ev[EV_START], o->ev[EV_FORWARD]);
@@ -543,8 +596,8 @@ distro_status distro_cuda_optim_flush(distro_cuda_optim *o, distro_step_stats *s
   memset(&s, 0, sizeof s);
   if (o->broken) return distro__fail(DISTRO_ERR_CUDA, "distro_cuda_optim_flush: an earlier step failed on the device");
   if (distro__overlap_pending(o->host)) {
-    const distro__stale_ops ops = {o, stale_apply, stale_compress};
-    distro_status st = distro__stale_flush(o->host, &ops, &s);
+    const distro__overlap_ext_ops ops = ov_ops(o);
+    distro_status st = distro__overlap_ext_flush(o->host, &ops, &s);
     if (st != DISTRO_OK) return st;
   }
   s.step = o->host->step;
@@ -699,12 +752,12 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
   if (o->broken) { /* still join the collective, so that the other ranks fail too */
     distro__fail(DISTRO_ERR_CUDA, "an earlier step failed on the device after its exchange; this optimizer's device "
                                   "state is undefined (load a saved state into a new optimizer)");
-    if (h->ov) return distro__stale_fail(h, DISTRO_ERR_CUDA);
+    if (h->ov) return distro__overlap_ext_fail(h, DISTRO_ERR_CUDA);
     return h->opt.algorithm == DISTRO_ALG_DEMO ? demo_join_failed(o, DISTRO_ERR_CUDA, &s)
                                                : adamw_join_failed(o, DISTRO_ERR_CUDA);
   }
   if (h->ov) {
-    st = stale_step(o, lr, &s, stats != NULL); /* counts its own steps */
+    st = overlap_step(o, lr, &s, stats != NULL); /* counts its own steps */
   } else {
     st = h->opt.algorithm == DISTRO_ALG_DEMO ? demo_step(o, lr, &s, stats != NULL)
                                              : adamw_step(o, lr, &s, stats != NULL);

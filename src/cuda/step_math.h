@@ -470,6 +470,33 @@ DISTRO_HD void distro__hd_apply_tile(const distro__hd_dct *D, const uint32_t *id
   DISTRO_HD_SYNC();
 }
 
+/* demo.c ahead_tile (look-ahead): p = base - ahead sign(the inverse DCT of
+ * this rank's whole momentum), the staged residual `next` (row stride ld,
+ * its selected entries zeroed) plus the tile's k selected (position, value)
+ * pairs; with ahead 0, p = base. base, param, next at the tile's first
+ * element. */
+DISTRO_HD void distro__hd_ahead_tile(const distro__hd_dct *D, const float *next, const uint32_t *idx,
+                                     const float *val, int k, const float *base, float *param, int64_t ld, float ahead,
+                                     float *work, int tid, int nt) {
+  const int h = D->h, w = D->w, e = h * w;
+  if (ahead == 0.0f) {
+    for (int t = tid; t < e; t += nt) param[(t / w) * ld + t % w] = base[(t / w) * ld + t % w];
+    DISTRO_HD_SYNC();
+    return;
+  }
+  float *A = work, *X = work + e, *W = work + 2 * e;
+  for (int t = tid; t < e; t += nt) A[t] = next[(t / w) * ld + t % w];
+  DISTRO_HD_SYNC();
+  for (int j = tid; j < k; j += nt) A[idx[j]] = val[j]; /* distinct positions */
+  DISTRO_HD_SYNC();
+  distro__hd_tile_inverse(D, A, X, w, W, tid, nt);
+  for (int t = tid; t < e; t += nt) {
+    const int64_t at = (t / w) * ld + t % w;
+    param[at] = DISTRO_HD_SUB(base[at], DISTRO_HD_MUL(ahead, (float)((X[t] > 0.0f) - (X[t] < 0.0f))));
+  }
+  DISTRO_HD_SYNC();
+}
+
 #ifndef __CUDACC__
 #include "compress/dct.h"
 /* The tables of a FAST plan (host pointers into p's arrays). */

@@ -39,6 +39,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    ahead_kernel(distro__hd_dct D, distro__tiling t, const float *next, const uint32_t *idx, const float *val,
+                 const float *base, float *param, float ahead, float *work, int64_t wstride) {
+  float *my = work + (int64_t)blockIdx.x * wstride;
+  for (int64_t c = blockIdx.x; c < t.nchunks; c += gridDim.x) {
+    const int64_t off = (c / t.tiles_c) * t.h * t.cols + (c % t.tiles_c) * t.w;
+    distro__hd_ahead_tile(&D, next + off, idx + c * t.k, val + c * t.k, (int)t.k, base + off, param + off, t.cols,
+                          ahead, my, (int)threadIdx.x, (int)blockDim.x);
+  }
+}
+
 unsigned blocks(const distro__tiling *t, int max_blocks) {
   return (unsigned)(t->nchunks < max_blocks ? t->nchunks : max_blocks);
 }
@@ -66,5 +77,15 @@ extern "C" cudaError_t distro__cuda_apply_tiles(cudaStream_t s, const distro__hd
                                                            adam, b2, shrink, step, work,
                                                            distro__hd_tile_work(D->h, D->w), iwork,
                                                            distro__hd_tile_iwork(D->h, D->w));
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t distro__cuda_ahead_tiles(cudaStream_t s, const distro__hd_dct *D, const distro__tiling *t,
+                                                const float *next, const uint32_t *idx, const float *val,
+                                                const float *base, float *param, float ahead, float *work,
+                                                int max_blocks) {
+  if (t->nchunks == 0) return cudaSuccess;
+  ahead_kernel<<<blocks(t, max_blocks), kThreads, 0, s>>>(*D, *t, next, idx, val, base, param, ahead, work,
+                                                           distro__hd_tile_work(D->h, D->w));
   return cudaGetLastError();
 }

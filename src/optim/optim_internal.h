@@ -107,32 +107,40 @@ distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s);
 int distro__overlap_pending(const distro_optim *o);
 void distro__overlap_free(distro_optim *o);
 
-/* The one-step-stale step of an optimizer whose state lives elsewhere (the
+/* The overlapped step of an optimizer whose state lives elsewhere (the
  * GPU's): `o` holds the payload code and the background exchange, the
  * callbacks the arithmetic. Each call waits for the previous step's
  * exchange, applies its aggregate (apply: with that step's lr, for
- * aggregate number o->step + 1; it commits what compress staged), then
- * compresses this step's gradient (compress: stages the momentum, fills the
- * selection p->idx / p->val of `o`, *bad the first tensor whose state is
- * not finite or -1) and hands the exchange over. The arithmetic is that of
- * distro__overlap_step in stale mode, in another order: the apply of step
- * t-1 only writes parameters and commits staged state, which the compress
- * of step t reads after its commit either way. A failed compress still
- * hands over an abort payload, so every rank fails that step at its next
- * wait. A failed apply leaves the external state half written: the caller
- * treats that as fatal (distro__stale_fail from then on). */
+ * aggregate number o->step + 1, onto the agreed parameters; it commits
+ * what compress staged), then compresses this step's gradient (compress:
+ * stages the momentum, fills the selection p->idx / p->val of `o`, *bad the
+ * first tensor whose state is not finite or -1) and hands the exchange
+ * over. With look-ahead (ahead and agree set), ahead(a) then sets the
+ * caller's parameters to the agreed ones minus a sign(this rank's whole
+ * momentum), a = 0 meaning a copy, and agree copies the caller's
+ * parameters into the agreed ones when nothing is in flight. The
+ * arithmetic is that of distro__overlap_step, in another order: the apply
+ * of step t-1 only writes the agreed parameters and commits staged state,
+ * which the compress of step t reads after its commit either way. A failed
+ * compress still hands over an abort payload, so every rank fails that
+ * step at its next wait. A failed apply leaves the external state half
+ * written: the caller treats that as fatal (distro__overlap_ext_fail from then
+ * on). */
 typedef struct {
   void *ctx;
   distro_status (*apply)(void *ctx, float lr);
   distro_status (*compress)(void *ctx, float lr, int *bad);
-} distro__stale_ops;
-distro_status distro__stale_step(distro_optim *o, const distro__stale_ops *ops, float lr, distro_step_stats *s);
+  distro_status (*ahead)(void *ctx, float a); /* look-ahead only, else NULL */
+  distro_status (*agree)(void *ctx);          /* look-ahead only, else NULL */
+} distro__overlap_ext_ops;
+distro_status distro__overlap_ext_step(distro_optim *o, const distro__overlap_ext_ops *ops, float lr,
+                                       distro_step_stats *s);
 /* Waits for the exchange in flight, if any, and applies it. */
-distro_status distro__stale_flush(distro_optim *o, const distro__stale_ops *ops, distro_step_stats *s);
+distro_status distro__overlap_ext_flush(distro_optim *o, const distro__overlap_ext_ops *ops, distro_step_stats *s);
 /* A rank that cannot step (its state is broken): waits for what is in
  * flight and hands over an abort payload with `why`, so that every rank
  * fails its next step; returns why with the current error message. */
-distro_status distro__stale_fail(distro_optim *o, distro_status why);
+distro_status distro__overlap_ext_fail(distro_optim *o, distro_status why);
 
 /* Clip each peer's values per tensor to a multiple of the median norm. */
 int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple);

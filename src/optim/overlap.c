@@ -129,7 +129,7 @@ static float ahead_step(const distro_optim *o, float lr, int64_t t) {
 /* Waits for the exchange in flight; on success its buffers become the
  * optimizer's own set (what the apply reads). Either way nothing is in
  * flight afterwards. Adds the exchange's figures to s. */
-static distro_status wait_exchange(distro_optim *o, distro_step_stats *s) {
+static distro_status wait_exchange(distro_optim *o, distro_step_stats *s, int drop_provisional) {
   distro__overlap *ov = o->ov;
   const double t0 = distro__now();
   pthread_mutex_lock(&ov->mu);
@@ -149,7 +149,7 @@ static distro_status wait_exchange(distro_optim *o, distro_step_stats *s) {
   s->peers_dropped_mask = bs.peers_dropped_mask;
   s->peers_clipped = bs.peers_clipped;
   if (st != DISTRO_OK) {
-    copy_agreed(o, 1); /* drop the provisional step */
+    if (drop_provisional) copy_agreed(o, 1); /* drop the provisional step */
     return distro__fail(st,
                         "the exchange of step %lld (run in the background) failed: %s; nothing of that step was "
                         "applied on any rank, and this call's gradient was not used",
@@ -200,7 +200,7 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
   distro_status cst = check_comm(o);
   if (cst != DISTRO_OK) return cst;
   if (ov->pending) {
-    distro_status st = wait_exchange(o, s);
+    distro_status st = wait_exchange(o, s, 1);
     if (st != DISTRO_OK) return st;
     distro__demo_commit(o);
     o->step++;
@@ -225,7 +225,7 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
 distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s) {
   distro__overlap *ov = o->ov;
   if (!ov || !ov->pending) return DISTRO_OK;
-  distro_status st = wait_exchange(o, s);
+  distro_status st = wait_exchange(o, s, 1);
   if (st != DISTRO_OK) return st;
   distro__demo_commit(o);
   o->step++;
@@ -233,16 +233,33 @@ distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s) {
   return DISTRO_OK;
 }
 
-distro_status distro__stale_step(distro_optim *o, const distro__stale_ops *ops, float lr, distro_step_stats *s) {
+/* The external state's wait: a failed exchange also drops the provisional
+ * step (look-ahead). */
+static distro_status ext_wait(distro_optim *o, const distro__overlap_ext_ops *ops, distro_step_stats *s) {
+  distro_status st = wait_exchange(o, s, 0);
+  if (st != DISTRO_OK && ops->ahead) {
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", distro_last_error());
+    distro_status ast = ops->ahead(ops->ctx, 0.0f);
+    return ast != DISTRO_OK ? ast : distro__fail(st, "%s", msg);
+  }
+  return st;
+}
+
+distro_status distro__overlap_ext_step(distro_optim *o, const distro__overlap_ext_ops *ops, float lr,
+                                       distro_step_stats *s) {
   distro__overlap *ov = o->ov;
   distro_status st = check_comm(o);
   if (st != DISTRO_OK) return st;
   if (ov->pending) {
-    st = wait_exchange(o, s);
+    st = ext_wait(o, ops, s);
     if (st != DISTRO_OK) return st;
     st = ops->apply(ops->ctx, ov->lr);
     if (st != DISTRO_OK) return st;
     o->step++;
+  } else if (ops->agree) {
+    st = ops->agree(ops->ctx); /* nothing in flight: the caller's parameters are the agreed ones */
+    if (st != DISTRO_OK) return st;
   }
   int bad = -1;
   st = ops->compress(ops->ctx, lr, &bad);
@@ -258,24 +275,29 @@ distro_status distro__stale_step(distro_optim *o, const distro__stale_ops *ops, 
     snprintf(msg, sizeof msg, "%s", distro_last_error());
     size = distro__payload_encode_failed(o, st);
     if (size) hand_over(o, size, lr);
+    if (ops->ahead) (void)ops->ahead(ops->ctx, 0.0f); /* the caller's parameters: the agreed ones */
     return distro__fail(st, "%s", msg);
   }
   hand_over(o, size, lr);
+  /* Look-ahead: the caller's parameters step ahead of the agreed ones while
+   * the exchange runs (the selection stays the caller's: the helper reads
+   * only the send buffer). */
+  if (ops->ahead) return ops->ahead(ops->ctx, ahead_step(o, lr, o->step + 1));
   return DISTRO_OK;
 }
 
-distro_status distro__stale_flush(distro_optim *o, const distro__stale_ops *ops, distro_step_stats *s) {
+distro_status distro__overlap_ext_flush(distro_optim *o, const distro__overlap_ext_ops *ops, distro_step_stats *s) {
   distro__overlap *ov = o->ov;
   if (!ov || !ov->pending) return DISTRO_OK;
-  distro_status st = wait_exchange(o, s);
+  distro_status st = ext_wait(o, ops, s);
   if (st != DISTRO_OK) return st;
   st = ops->apply(ops->ctx, ov->lr);
   if (st != DISTRO_OK) return st;
   o->step++;
-  return DISTRO_OK;
+  return ops->ahead ? ops->ahead(ops->ctx, 0.0f) : DISTRO_OK;
 }
 
-distro_status distro__stale_fail(distro_optim *o, distro_status why) {
+distro_status distro__overlap_ext_fail(distro_optim *o, distro_status why) {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", distro_last_error());
   distro__overlap *ov = o->ov;
@@ -283,7 +305,7 @@ distro_status distro__stale_fail(distro_optim *o, distro_status why) {
     if (ov->pending) {
       distro_step_stats s;
       memset(&s, 0, sizeof s);
-      (void)wait_exchange(o, &s);
+      (void)wait_exchange(o, &s, 0);
     }
     const size_t size = distro__payload_encode_failed(o, why);
     if (size) hand_over(o, size, 0.0f);

@@ -5,7 +5,7 @@
  * within float32 rounding; the AdamW all-reduce baseline on GPU ranks equals the CPU
  * baseline; a non-finite gradient fails the step everywhere and changes
  * nothing; bf16 parameters follow their fp32 master; with the stale
- * overlap, GPU ranks equal CPU ranks bit for bit. */
+ * and the look-ahead overlap, GPU ranks equal CPU ranks bit for bit. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -183,7 +183,7 @@ static int identical(const job *j, int a, int b) {
 int main(void) {
   ct_require_gpu("test_cuda_step");
   ct_seed_used = tu_seed();
-  distro_options variants[6];
+  distro_options variants[8];
   variants[0] = distro_options_default(DISTRO_ALG_DEMO); /* wire v2, F32, sign */
   variants[1] = variants[0];
   variants[1].wire_version = 1;
@@ -195,12 +195,16 @@ int main(void) {
   variants[3] = variants[0];
   variants[3].update = DISTRO_UPDATE_ADAMW;
   variants[3].values = DISTRO_VALUES_INT8;
-  /* the stale overlap: GPU ranks follow the CPU's stale step */
+  /* the stale and look-ahead overlaps: GPU ranks follow the CPU's */
   variants[4] = variants[0];
   variants[4].overlap = DISTRO_OVERLAP_STALE;
   variants[5] = variants[3];
   variants[5].overlap = DISTRO_OVERLAP_STALE;
-  for (int v = 0; v < 6; v++) {
+  variants[6] = variants[4];
+  variants[6].overlap = DISTRO_OVERLAP_LOOKAHEAD;
+  variants[7] = variants[5];
+  variants[7].overlap = DISTRO_OVERLAP_LOOKAHEAD;
+  for (int v = 0; v < 8; v++) {
     job g = make(variants[v], 3, GPU, GPU, GPU);
     run(&g);
     CT_CHECK(all_ok(&g), "variant %d: GPU job failed", v);

@@ -50,6 +50,7 @@ int emu_init(emu *E, distro_optim *h, float **param, float **grad, int stage) {
   E->next = floats_per_tensor(h);
   E->v = floats_per_tensor(h);
   if (stage && h->opt.update == DISTRO_UPDATE_ADAMW) E->gst = floats_per_tensor(h);
+  if (stage && h->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD && !(E->base = floats_per_tensor(h))) return -1;
   E->tp = calloc((size_t)h->nparams, sizeof *E->tp);
   if (!E->mom || !E->next || !E->v || !E->tp || (stage && h->opt.update == DISTRO_UPDATE_ADAMW && !E->gst)) return -1;
   int64_t maxe = 1, hmax = 1;
@@ -73,9 +74,10 @@ void emu_free(emu *E) {
     if (E->next) free(E->next[i]);
     if (E->v) free(E->v[i]);
     if (E->gst) free(E->gst[i]);
+    if (E->base) free(E->base[i]);
     if (E->tp) distro__dct_plan_destroy(&E->tp[i].p);
   }
-  free(E->mom), free(E->next), free(E->v), free(E->gst), free(E->tp);
+  free(E->mom), free(E->next), free(E->v), free(E->gst), free(E->base), free(E->tp);
   free(E->work), free(E->iwork), free(E->tile);
   memset(E, 0, sizeof *E);
 }
@@ -129,10 +131,28 @@ distro_status emu_apply(emu *E, float lr) {
       const int64_t off = tile_off(t, c);
       const size_t sel = (size_t)h->sel_off[i] + (size_t)(c * t->k);
       distro__hd_apply_tile(&E->tp[i].D, h->dec_idx + sel, h->dec_val + sel, h->total_sel, h->dropped, h->comm->size,
-                            (int)t->k, E->param[i] + off, g + off, adam ? E->v[i] + off : NULL, adam, h->opt.beta2,
-                            t->cols, shrink, step, E->work, E->iwork, 0, 1);
+                            (int)t->k, (E->base ? E->base[i] : E->param[i]) + off, g + off,
+                            adam ? E->v[i] + off : NULL, adam, h->opt.beta2, t->cols, shrink, step, E->work, E->iwork, 0, 1);
     }
   }
+  return DISTRO_OK;
+}
+
+distro_status emu_ahead(emu *E, float a) {
+  distro_optim *h = E->h;
+  for (int i = 0; i < h->nparams; i++) {
+    const distro__tiling *t = &h->tilings[i];
+    for (int64_t c = 0; c < t->nchunks; c++) {
+      const int64_t off = tile_off(t, c);
+      distro__hd_ahead_tile(&E->tp[i].D, E->next[i] + off, h->params[i].idx + c * t->k, h->params[i].val + c * t->k,
+                            (int)t->k, E->base[i] + off, E->param[i] + off, t->cols, a, E->work, 0, 1);
+    }
+  }
+  return DISTRO_OK;
+}
+
+distro_status emu_agree(emu *E) {
+  for (int i = 0; i < E->nt; i++) memcpy(E->base[i], E->param[i], sizeof(float) * (size_t)E->h->params[i].numel);
   return DISTRO_OK;
 }
 

@@ -22,21 +22,28 @@ typedef struct {
   int nt;
   float **param, **grad;      /* the caller's (borrowed) */
   float **mom, **next, **v;   /* the device state */
-  float **gst;                /* stale overlap, DisTrO-AdamW: the staged gradients (optim_cuda.c's g_stage), else NULL */
+  float **gst;                /* overlap, DisTrO-AdamW: the staged gradients (optim_cuda.c's g_stage), else NULL */
+  float **base;               /* look-ahead: the agreed parameters (optim_cuda.c's base), else NULL */
   tile_plan *tp;
   float *work, *tile;
   uint32_t *iwork;
 } emu;
 
 /* Device state for h's tensors (param/grad: h's registered buffers); stage:
- * keep a copy of each gradient as the stale GPU step does. 0 or -1. */
+ * keep a copy of each gradient as the overlapped GPU step does, and with
+ * look-ahead the agreed parameters. 0 or -1. */
 int emu_init(emu *E, distro_optim *h, float **param, float **grad, int stage);
 void emu_free(emu *E);
 /* demo_local: compress (momentum staged in next), select into h's
  * p->idx / p->val; *bad the first tensor with a non-finite state or -1. */
 distro_status emu_compress(emu *E, float lr, int *bad);
-/* demo_apply for aggregate number h->step + 1 from h's decoded set. */
+/* demo_apply for aggregate number h->step + 1 from h's decoded set (onto
+ * the agreed parameters with look-ahead). */
 distro_status emu_apply(emu *E, float lr);
+/* Look-ahead: demo_ahead (param = base - a sign(whole momentum); a = 0: a
+ * copy) and demo_agree (base = param). */
+distro_status emu_ahead(emu *E, float a);
+distro_status emu_agree(emu *E);
 /* The blocking step: compress, encode, exchange, apply. */
 distro_status emu_step(emu *E, float lr);
 

@@ -1,8 +1,10 @@
-/* The GPU step's stale overlap without a GPU: overlap.c's distro__stale_step
+/* The GPU step's overlap without a GPU: overlap.c's distro__overlap_ext_step
  * (what src/cuda/optim_cuda.c calls) driving the GPU arithmetic emulated on
  * the CPU (support/cuda_emu.c), three ranks:
- * - bit for bit against the CPU optimizer's DISTRO_OVERLAP_STALE after every
- *   step and after the flush, DeMo sign and DisTrO-AdamW, wire v1 and v2;
+ * - bit for bit against the CPU optimizer's DISTRO_OVERLAP_STALE and
+ *   DISTRO_OVERLAP_LOOKAHEAD (the caller's parameters, provisional step
+ *   included) after every step and after the flush, DeMo sign and
+ *   DisTrO-AdamW, wire v1 and v2;
  * - a rank whose compress fails (a CUDA error) hands over an abort payload:
  *   that call fails on that rank, the next call fails on every rank naming
  *   it, none waits, and the steps after work with every rank's parameters
@@ -32,6 +34,8 @@ static int64_t numel_of(const int64_t *sh) {
 
 static distro_status cb_apply(void *ctx, float lr) { return emu_apply(ctx, lr); }
 static distro_status cb_compress(void *ctx, float lr, int *bad) { return emu_compress(ctx, lr, bad); }
+static distro_status cb_ahead(void *ctx, float a) { return emu_ahead(ctx, a); }
+static distro_status cb_agree(void *ctx) { return emu_agree(ctx); }
 static distro_status cb_compress_fails(void *ctx, float lr, int *bad) {
   (void)ctx, (void)lr;
   *bad = -1;
@@ -77,7 +81,8 @@ static void *run_rank(void *arg) {
     tu_fill_normal(&prng, cparam[i], (size_t)n, 0.5f);
     memcpy(eparam[i], cparam[i], sizeof(float) * (size_t)n);
     snprintf(name, sizeof name, "t%d", i);
-    if ((ref && distro_optim_add_param(cpu, name, cparam[i], grad[i], (int)tshapes[i][0], tshapes[i] + 1) != DISTRO_OK) ||
+    if ((ref &&
+         distro_optim_add_param(cpu, name, cparam[i], grad[i], (int)tshapes[i][0], tshapes[i] + 1) != DISTRO_OK) ||
         distro_optim_add_param(hopt, name, eparam[i], grad[i], (int)tshapes[i][0], tshapes[i] + 1) != DISTRO_OK)
       FAIL("add_param: %s", distro_last_error());
   }
@@ -86,14 +91,16 @@ static void *run_rank(void *arg) {
       distro__overlap_attach(hopt) != DISTRO_OK)
     FAIL("prepare: %s", distro_last_error());
   if (emu_init(&E, hopt, eparam, grad, 1) != 0) FAIL("emu_init: %s", distro_last_error());
-  const distro__stale_ops ok_ops = {&E, cb_apply, cb_compress}, bad_ops = {&E, cb_apply, cb_compress_fails};
+  const int la = J->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD;
+  const distro__overlap_ext_ops ok_ops = {&E, cb_apply, cb_compress, la ? cb_ahead : NULL, la ? cb_agree : NULL},
+                          bad_ops = {&E, cb_apply, cb_compress_fails, la ? cb_ahead : NULL, la ? cb_agree : NULL};
   for (int call = 0; call < CALLS; call++) {
     for (int i = 0; i < NT; i++) tu_fill_normal(&rng, grad[i], (size_t)numel_of(tshapes[i]), 1.0f + (float)call);
     const float lr = 0.02f / (float)(call + 1);
     distro_step_stats s;
     memset(&s, 0, sizeof s);
     const int fails = J->rank == 1 && call == J->fail_call;
-    J->st[call] = distro__stale_step(hopt, fails ? &bad_ops : &ok_ops, lr, &s);
+    J->st[call] = distro__overlap_ext_step(hopt, fails ? &bad_ops : &ok_ops, lr, &s);
     snprintf(J->msg[call], sizeof J->msg[call], "%s", distro_last_error());
     if (!ref) continue;
     if (J->st[call] != DISTRO_OK) FAIL("emulated call %d: %s", call, J->msg[call]);
@@ -109,7 +116,7 @@ static void *run_rank(void *arg) {
   }
   distro_step_stats s;
   memset(&s, 0, sizeof s);
-  if (distro__stale_flush(hopt, &ok_ops, &s) != DISTRO_OK) FAIL("emulated flush: %s", distro_last_error());
+  if (distro__overlap_ext_flush(hopt, &ok_ops, &s) != DISTRO_OK) FAIL("emulated flush: %s", distro_last_error());
   if (distro__overlap_pending(hopt)) FAIL("an exchange is still pending after the flush");
   if (ref) {
     if (distro_optim_flush(cpu, NULL) != DISTRO_OK) FAIL("cpu flush: %s", distro_last_error());
@@ -136,7 +143,7 @@ static int64_t total_numel(void) {
   return n;
 }
 
-static void run(job *J, distro_update update, distro_values values, int wire, int fail_call) {
+static void run(job *J, distro_overlap overlap, distro_update update, distro_values values, int wire, int fail_call) {
   distro_comm *cc[WORLD], *ec[WORLD];
   cr_assert_eq(distro_comm_local_group(WORLD, cc), DISTRO_OK);
   cr_assert_eq(distro_comm_local_group(WORLD, ec), DISTRO_OK);
@@ -148,13 +155,13 @@ static void run(job *J, distro_update update, distro_values values, int wire, in
     J[r].rank = r;
     J[r].fail_call = fail_call;
     J[r].opt = emu_options(update, values, wire, 32, 7);
-    J[r].opt.overlap = DISTRO_OVERLAP_STALE;
+    J[r].opt.overlap = overlap;
     cr_assert_eq(pthread_create(&th[r], NULL, run_rank, &J[r]), 0);
   }
   for (int r = 0; r < WORLD; r++) pthread_join(th[r], NULL);
   for (int r = 0; r < WORLD; r++) {
-    cr_assert(J[r].why[0] == 0, "update %d values %d wire %d: rank %d: %s", (int)update, (int)values, wire, r,
-              J[r].why);
+    cr_assert(J[r].why[0] == 0, "overlap %d update %d values %d wire %d: rank %d: %s", (int)overlap, (int)update,
+              (int)values, wire, r, J[r].why);
     distro_comm_free(cc[r]);
     distro_comm_free(ec[r]);
   }
@@ -170,26 +177,31 @@ static void free_jobs(job *J) {
   for (int r = 0; r < WORLD; r++) free(J[r].final);
 }
 
-Test(cuda_host_stale, bit_identical_to_the_cpu_stale_step, .timeout = 240) {
+static void bit_identical(distro_overlap overlap) {
   static const distro_values values[] = {DISTRO_VALUES_F32, DISTRO_VALUES_SIGN1, DISTRO_VALUES_INT8,
                                          DISTRO_VALUES_INT4};
   for (int u = 0; u < 2; u++) {
     const distro_update update = u ? DISTRO_UPDATE_ADAMW : DISTRO_UPDATE_SIGN;
     job J[WORLD];
-    run(J, update, DISTRO_VALUES_BF16, 1, -1);
+    run(J, overlap, update, DISTRO_VALUES_BF16, 1, -1);
     free_jobs(J);
     for (unsigned v = 0; v < sizeof values / sizeof values[0]; v++) {
-      run(J, update, values[v], 2, -1);
+      run(J, overlap, update, values[v], 2, -1);
       free_jobs(J);
     }
   }
 }
 
-Test(cuda_host_stale, a_local_failure_fails_every_rank_at_the_next_call, .timeout = 120) {
-  for (int u = 0; u < 2; u++) {
+Test(cuda_host_overlap, stale_bit_identical_to_the_cpu, .timeout = 240) { bit_identical(DISTRO_OVERLAP_STALE); }
+
+Test(cuda_host_overlap, lookahead_bit_identical_to_the_cpu, .timeout = 240) { bit_identical(DISTRO_OVERLAP_LOOKAHEAD); }
+
+Test(cuda_host_overlap, a_local_failure_fails_every_rank_at_the_next_call, .timeout = 120) {
+  for (int u = 0; u < 4; u++) {
     job J[WORLD];
     const int at = 3;
-    run(J, u ? DISTRO_UPDATE_ADAMW : DISTRO_UPDATE_SIGN, DISTRO_VALUES_INT8, 2, at);
+    run(J, u / 2 ? DISTRO_OVERLAP_LOOKAHEAD : DISTRO_OVERLAP_STALE, u % 2 ? DISTRO_UPDATE_ADAMW : DISTRO_UPDATE_SIGN,
+        DISTRO_VALUES_INT8, 2, at);
     for (int r = 0; r < WORLD; r++) {
       for (int c = 0; c < CALLS; c++) {
         const int want_ok = c != at + 1 && !(r == 1 && c == at);
