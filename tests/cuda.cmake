@@ -18,3 +18,13 @@ if(DISTRO_WITH_CUDA AND NOT TARGET test_cuda_api)
     set_tests_properties(${name} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT "OMP_NUM_THREADS=2")
   endforeach()
 endif()
+
+# The exact method's kernels must not contract a*b+c into an FMA, or GPU
+# ranks would round differently from CPU ranks: their PTX holds no fma
+# (needs nvcc, not a GPU).
+if(DISTRO_WITH_CUDA AND CMAKE_CUDA_COMPILER AND NOT TEST cuda_ptx_has_no_fma)
+  add_test(NAME cuda_ptx_has_no_fma
+           COMMAND ${CMAKE_COMMAND} -DNVCC=${CMAKE_CUDA_COMPILER} -DSRC=${PROJECT_SOURCE_DIR}
+                   -DOUT=${CMAKE_CURRENT_BINARY_DIR}/ptx -P ${CMAKE_CURRENT_LIST_DIR}/support/ptx_no_fma.cmake)
+  set_tests_properties(cuda_ptx_has_no_fma PROPERTIES TIMEOUT 300)
+endif()
