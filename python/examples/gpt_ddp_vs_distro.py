@@ -89,7 +89,7 @@ def train(method, a, seed, data, val, vocab, rank, world, log):
     else:
         import distro.torch as dt
         net = model
-        opt = dt.DisTrOAdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        opt = dt.DisTrOAdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1, overlap=a.overlap)
     warm = max(1, a.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, a.steps) / a.steps))))
@@ -109,6 +109,8 @@ def train(method, a, seed, data, val, vocab, rank, world, log):
         if rank == 0 and (step % a.log_every == 0 or step == a.steps - 1):
             log(f"  {method:<12} seed {seed} step {step:4d}  loss {loss.item():.4f}  bytes sent/step {sent[-1]:12.0f}  "
                 f"lr {sched.get_last_lr()[0]:.2e}  {time.time() - t0:6.1f} s")
+    if method != "AdamW+DDP":
+        opt.flush()  # with overlap: the exchange in flight lands before evaluating
     with torch.no_grad():  # the parameters agree on every rank; rank 0's figure is everyone's
         model.eval()
         g = torch.Generator().manual_seed(12345)
@@ -166,6 +168,8 @@ def worker(a):
             if new:
                 f.write("seed\tmethod\tsteps\tlr\tdim\tlayers\tval_loss\tbytes_sent_per_step\tranks_agree\n")
             for s, m, vl, bps, agree in rows:
+                if m != "AdamW+DDP" and a.overlap != "off":
+                    m += f" ({a.overlap})"
                 f.write(f"{s}\t{m}\t{a.steps}\t{a.lr}\t{a.dim}\t{a.layers}\t{vl:.5f}\t{bps:.0f}\t{int(agree)}\n")
     dist.destroy_process_group()
 
@@ -180,6 +184,8 @@ def main():
     ap.add_argument("--lr", type=float, default=1.8e-2, help="peak lr of both optimizers")
     ap.add_argument("--only", choices=("both", "adamw", "distro"), default="both",
                     help="train only one of the two (an lr sweep)")
+    ap.add_argument("--overlap", choices=("off", "lookahead", "stale"), default="off",
+                    help="DisTrO-AdamW's exchange behind the next step's compute")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
