@@ -21,48 +21,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #include <cblas.h>
 
 #include "compress/chunk.h"
 #include "compress/dct.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static void *xmalloc(size_t n) {
-  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-  if (!p) {
-    fprintf(stderr, "bench_dct: out of memory (%zu bytes)\n", n);
-    exit(1);
-  }
-  return p;
-}
-
-/* Copy bandwidth, counted as bytes read + bytes written, best of 5. Each
- * thread copies its own slice so all cores pull on memory. */
-static double memcpy_gbs(size_t bytes) {
-  char *a = xmalloc(bytes), *b = xmalloc(bytes);
-  memset(a, 1, bytes);
-  memset(b, 2, bytes);
-  double best = 1e30;
-  for (int r = 0; r < 5; r++) {
-    double t0 = now();
-#pragma omp parallel
-    {
-      size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
-      size_t lo = bytes * id / nt, hi = bytes * (id + 1) / nt;
-      memcpy(b + lo, a + lo, hi - lo);
-    }
-    double t = now() - t0;
-    if (t < best) best = t;
-  }
-  free(a);
-  free(b);
-  return 2.0 * (double)bytes / best / 1e9;
-}
 
 static const char *method_name[] = {"GEMM", "FFTW", "naive", "fast"};
 #define NMETHODS 4
@@ -86,12 +50,12 @@ static result run(int64_t rows, int64_t cols, int64_t chunk, distro__dct_method 
   if (distro__dct_plan_init(&p, &t, m) != DISTRO_OK) return r;
   /* One untimed call each (warm-up, round-trip check); it is the measurement
    * only when already slower than 3x the minimum time (the naive method). */
-  double t0 = now();
+  double t0 = bench_now();
   distro__dct_encode_tiles(&p, x, coef, scratch);
-  double first_enc = now() - t0;
-  t0 = now();
+  double first_enc = bench_now() - t0;
+  t0 = bench_now();
   distro__dct_decode_tiles(&p, coef, y, scratch);
-  double first_dec = now() - t0;
+  double first_dec = bench_now() - t0;
   int64_t n = rows * cols;
   double err = 0;
   for (int64_t i = 0; i < n; i++) err = fmax(err, fabs((double)y[i] - x[i]));
@@ -105,12 +69,12 @@ static result run(int64_t rows, int64_t cols, int64_t chunk, distro__dct_method 
     double spent = 0;
     r.enc = r.dec = 1e30;
     for (int reps = 0; spent < min_time || reps < 3; reps++) {
-      t0 = now();
+      t0 = bench_now();
       distro__dct_encode_tiles(&p, x, coef, scratch);
-      double te = now() - t0;
-      t0 = now();
+      double te = bench_now() - t0;
+      t0 = bench_now();
       distro__dct_decode_tiles(&p, coef, y, scratch);
-      double td = now() - t0;
+      double td = bench_now() - t0;
       r.enc = fmin(r.enc, te);
       r.dec = fmin(r.dec, td);
       spent += te + td;
@@ -168,8 +132,8 @@ int main(int argc, char **argv) {
     int64_t r = shapes[s][0] < rows_max ? shapes[s][0] : rows_max;
     if (r * shapes[s][1] > maxn) maxn = r * shapes[s][1];
   }
-  float *x = xmalloc((size_t)maxn * 4), *coef = xmalloc((size_t)maxn * 4);
-  float *y = xmalloc((size_t)maxn * 4), *scratch = xmalloc((size_t)maxn * 4);
+  float *x = bench_alloc("bench_dct", (size_t)maxn * 4), *coef = bench_alloc("bench_dct", (size_t)maxn * 4);
+  float *y = bench_alloc("bench_dct", (size_t)maxn * 4), *scratch = bench_alloc("bench_dct", (size_t)maxn * 4);
   uint64_t st = 0x9e3779b97f4a7c15ull;
   for (int64_t i = 0; i < maxn; i++) {
     st = st * 6364136223846793005ull + 1442695040888963407ull;
@@ -179,7 +143,7 @@ int main(int argc, char **argv) {
   memset(y, 0, (size_t)maxn * 4);
   memset(scratch, 0, (size_t)maxn * 4);
 
-  double bw = memcpy_gbs((size_t)1 << 30);
+  double bw = bench_copy_gbs("bench_dct", (size_t)1 << 30);
   printf("bench_dct: chunk %lld, %d OpenMP threads, %d OpenBLAS threads, min time %.2f s per measurement\n",
          (long long)chunk, omp_get_max_threads(), openblas_get_num_threads(), min_time);
   printf("memcpy floor: %.2f GB/s (1 GiB copy, bytes read + written, best of 5)\n\n", bw);
@@ -217,7 +181,7 @@ int main(int argc, char **argv) {
   int best = -1;
   for (int m = 0; m < NMETHODS; m++)
     if (have[m] && (best < 0 || tot[m] < tot[best])) best = m;
-  double bw_end = memcpy_gbs((size_t)1 << 30);
+  double bw_end = bench_copy_gbs("bench_dct", (size_t)1 << 30);
   printf("\nmemcpy again at the end: %.2f GB/s (well below the first figure means other work shared the machine)\n",
          bw_end);
   printf("GB/s = 16 bytes per parameter (encode + decode each read and write one float) / time;\n"

@@ -36,24 +36,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #include <distro/distro.h>
 
 #include "shapes.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static void *xmalloc(size_t n) {
-  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-  if (!p) {
-    fprintf(stderr, "bench_step: out of memory (%zu bytes)\n", n);
-    exit(1);
-  }
-  return p;
-}
 
 /* Value of a /proc file's "Key:  N kB" line, in bytes; -1 if absent. */
 static int64_t proc_kb(const char *path, const char *key) {
@@ -69,28 +56,6 @@ static int64_t proc_kb(const char *path, const char *key) {
     }
   fclose(f);
   return v;
-}
-
-/* Copy bandwidth, bytes read + written, best of 5, all threads. */
-static double memcpy_gbs(size_t bytes) {
-  char *a = xmalloc(bytes), *b = xmalloc(bytes);
-  memset(a, 1, bytes);
-  memset(b, 2, bytes);
-  double best = 1e30;
-  for (int r = 0; r < 5; r++) {
-    double t0 = now();
-#pragma omp parallel
-    {
-      size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
-      size_t lo = bytes * id / nt, hi = bytes * (id + 1) / nt;
-      memcpy(b + lo, a + lo, hi - lo);
-    }
-    double t = now() - t0;
-    if (t < best) best = t;
-  }
-  free(a);
-  free(b);
-  return 2.0 * (double)bytes / best / 1e9;
 }
 
 /* Uniform in [-scale, scale), from a hash of (seed, i): parallel and
@@ -220,13 +185,13 @@ int main(int argc, char **argv) {
 
   /* Floor, measured while memory is free: 1 GiB copy, now and again after
    * the steps; the higher figure counts (other work only lowers it). */
-  double bw0 = memcpy_gbs((size_t)1 << 30);
+  double bw0 = bench_copy_gbs("bench_step", (size_t)1 << 30);
 
-  float *params = xmalloc((size_t)N * 4), *grads = xmalloc((size_t)N * 4);
-  double t0 = now();
+  float *params = bench_alloc("bench_step", (size_t)N * 4), *grads = bench_alloc("bench_step", (size_t)N * 4);
+  double t0 = bench_now();
   fill(params, N, 1, 0.02f);
   fill(grads, N, 2, 1e-2f);
-  printf("  filled params and grads (%.1f GB) in %.1f s\n", 8.0 * N / 1e9, now() - t0);
+  printf("  filled params and grads (%.1f GB) in %.1f s\n", 8.0 * N / 1e9, bench_now() - t0);
 
   distro_comm *comm = NULL;
   distro_optim *opt = NULL;
@@ -248,9 +213,9 @@ int main(int argc, char **argv) {
   double wall = 0, best = 1e30;
   for (int i = 0; i < warmup + steps; i++) {
     memset(&st, 0, sizeof st);
-    t0 = now();
+    t0 = bench_now();
     s = distro_optim_step(opt, o.lr, &st);
-    double dt = now() - t0;
+    double dt = bench_now() - t0;
     if (s != DISTRO_OK) return die("step", s);
     printf("  step %d%s: %.3f s\n", i + 1, i < warmup ? " (warm-up)" : "", dt);
     fflush(stdout);
@@ -289,7 +254,7 @@ int main(int argc, char **argv) {
   distro_comm_free(comm);
   free(params);
   free(grads);
-  double bw1 = memcpy_gbs((size_t)1 << 30), bw = bw0 > bw1 ? bw0 : bw1;
+  double bw1 = bench_copy_gbs("bench_step", (size_t)1 << 30), bw = bw0 > bw1 ? bw0 : bw1;
 
   /* Floor: one pass that reads params, grads and the state and writes params
    * and the state back, at the measured copy bandwidth. */

@@ -352,6 +352,54 @@ Test(sync_hostile, trimmed_mean_matches_float64_and_stays_in_the_honest_range) {
   distro__sy_layout_destroy(&L);
 }
 
+/* Bit for bit what the rule says, whichever path computes it (the sorting
+ * networks for 3-5 reports, the insertion sort beyond): per element the
+ * kept values summed in float64 in ascending order from +0, over n - 2f,
+ * rounded to float; the same bits for every order of the reports. Inputs
+ * full of ties, signed zeros and extremes. */
+Test(sync_hostile, trimmed_mean_is_bit_exact_and_order_free) {
+  static const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, 1e-30f, -1e-30f, 3e38f, -3e38f, 7.0f, 0.1f, -0.1f};
+  const int np = (int)(sizeof pool / sizeof *pool);
+  distro__sy_layout L;
+  const int64_t numel[1] = {70001}; /* more than one block of the fast paths, and a ragged end */
+  const unsigned flags[1] = {0};
+  cr_assert_eq(distro__sy_layout_build(&L, 1, numel, flags, 7, 1, DISTRO_FRAG_SEQUENTIAL, 0, DISTRO_OUTER_F32, 64),
+               DISTRO_OK, "%s", distro_last_error());
+  const int64_t m = L.frags.numel[0];
+  uint64_t rng = (uint64_t)time(NULL) * 2654435761u + 3;
+  float *out = malloc(sizeof(float) * (size_t)m), *out2 = malloc(sizeof(float) * (size_t)m);
+  for (int n = 3; n <= 7; n++)
+    for (int f = 1; 2 * f + 1 <= n; f++) {
+      float *d[7], *perm[7];
+      for (int r = 0; r < n; r++) {
+        d[r] = malloc(sizeof(float) * (size_t)m);
+        for (int64_t j = 0; j < m; j++) {
+          rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+          const int k = (int)((rng >> 33) % (uint64_t)(np + 1));
+          d[r][j] = k < np ? pool[k] : (float)attack_gauss(&rng); /* ties most of the time */
+        }
+      }
+      distro__sy_trimmed_mean(&L, 0, n, f, (const float *const *)d, out);
+      for (int r = 0; r < n; r++) perm[r] = d[n - 1 - r]; /* reversed */
+      distro__sy_trimmed_mean(&L, 0, n, f, (const float *const *)perm, out2);
+      for (int64_t j = 0; j < m; j++) {
+        double v[7], sum = 0;
+        for (int r = 0; r < n; r++) v[r] = d[r][j];
+        qsort(v, (size_t)n, sizeof *v, cmp_double);
+        for (int r = f; r < n - f; r++) sum += v[r];
+        const float ref = (float)(sum / (n - 2 * f));
+        cr_assert(memcmp(&out[j], &ref, sizeof ref) == 0, "n %d f %d element %lld: %a, the rule gives %a", n, f,
+                  (long long)j, (double)out[j], (double)ref);
+        cr_assert(memcmp(&out2[j], &ref, sizeof ref) == 0, "n %d f %d element %lld: reports reversed give %a, not %a",
+                  n, f, (long long)j, (double)out2[j], (double)ref);
+      }
+      for (int r = 0; r < n; r++) free(d[r]);
+    }
+  free(out);
+  free(out2);
+  distro__sy_layout_destroy(&L);
+}
+
 Test(sync_hostile, robust_rule_that_would_degenerate_is_refused) {
   distro_syncer_options o = distro_syncer_options_default();
   o.endpoint = "ipc:///tmp/distro-hostile-never-bound.ipc";

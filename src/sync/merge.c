@@ -4,6 +4,7 @@
  * reports (coordinate-wise trimmed mean). */
 #include <math.h>
 
+#include "common/clones.h"
 #include "optim/outer_merge.h"
 #include "sync/sync_internal.h"
 
@@ -40,12 +41,92 @@ void distro__sy_merge(const distro__sy_layout *L, int p, distro_merge mode, int 
   distro__outer_merge(&L->frags, L->piece_elem, L->tflags, p, mode, n, w, &src, out, coef, nrm);
 }
 
+/* Compare-exchange: a <= b afterwards (branch-free; reports are finite). */
+#define CX(a, b)                    \
+  do {                              \
+    const float lo_ = b < a ? b : a; \
+    const float hi_ = b < a ? a : b; \
+    a = lo_;                        \
+    b = hi_;                        \
+  } while (0)
+
+/* The common quorums as sorting networks (vectorized, cloned per ISA):
+ * the same sorted values as the insertion sort below, summed in the same
+ * order from the same +0, so the same bits. Elements [j0, j1). */
+DISTRO__CLONES
+static void trim3(const float *const *d, float *out, int64_t j0, int64_t j1) {
+  const float *d0 = d[0], *d1 = d[1], *d2 = d[2];
+  for (int64_t j = j0; j < j1; j++) {
+    float a = d0[j], b = d1[j], c = d2[j];
+    CX(a, b);
+    CX(b, c);
+    CX(a, b);
+    double sum = 0;
+    sum += b;
+    out[j] = (float)(sum / 1);
+  }
+}
+
+DISTRO__CLONES
+static void trim4(const float *const *d, float *out, int64_t j0, int64_t j1) {
+  const float *d0 = d[0], *d1 = d[1], *d2 = d[2], *d3 = d[3];
+  for (int64_t j = j0; j < j1; j++) {
+    float a = d0[j], b = d1[j], c = d2[j], e = d3[j];
+    CX(a, b);
+    CX(c, e);
+    CX(a, c);
+    CX(b, e);
+    CX(b, c);
+    double sum = 0;
+    sum += b;
+    sum += c;
+    out[j] = (float)(sum / 2);
+  }
+}
+
+DISTRO__CLONES
+static void trim5(const float *const *d, float *out, int64_t j0, int64_t j1, int f) {
+  const float *d0 = d[0], *d1 = d[1], *d2 = d[2], *d3 = d[3], *d4 = d[4];
+  const int mid_only = f == 2;
+  for (int64_t j = j0; j < j1; j++) {
+    float a = d0[j], b = d1[j], c = d2[j], e = d3[j], g = d4[j];
+    CX(a, b);
+    CX(e, g);
+    CX(c, g);
+    CX(c, e);
+    CX(a, e);
+    CX(a, c);
+    CX(b, g);
+    CX(b, e);
+    CX(b, c);
+    double sum = 0; /* f = 1: b + c + e over 3; f = 2: c alone */
+    sum += mid_only ? 0.0f : b;
+    sum += c;
+    sum += mid_only ? 0.0f : e;
+    out[j] = (float)(sum / (mid_only ? 1 : 3));
+  }
+}
+
+static int trimmed_small(int64_t numel, int n, int f, const float *const *d, float *out) {
+  if (!((n == 3 && f == 1) || (n == 4 && f == 1) || (n == 5 && (f == 1 || f == 2)))) return 0;
+  const int64_t block = 16384, nb = (numel + block - 1) / block;
+#pragma omp parallel for schedule(static) if (numel > 65536)
+  for (int64_t k = 0; k < nb; k++) {
+    const int64_t j0 = k * block, j1 = j0 + block < numel ? j0 + block : numel;
+    if (n == 3) trim3(d, out, j0, j1);
+    else if (n == 4) trim4(d, out, j0, j1);
+    else trim5(d, out, j0, j1, f);
+  }
+  return 1;
+}
+
 /* Per element: the n values sorted, the f lowest and f highest dropped,
  * the rest averaged in float64 in sorted order (so the result does not
  * depend on the reports' order or the thread count). */
 void distro__sy_trimmed_mean(const distro__sy_layout *L, int p, int n, int f, const float *const *delta, float *out) {
   const int64_t numel = L->frags.numel[p];
   const int keep = n - 2 * f;
+  if (trimmed_small(numel, n, f, delta, out)) return;
 #pragma omp parallel for schedule(static) if (numel > 65536)
   for (int64_t j = 0; j < numel; j++) {
     float v[256];
