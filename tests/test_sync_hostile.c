@@ -353,7 +353,7 @@ Test(sync_hostile, trimmed_mean_matches_float64_and_stays_in_the_honest_range) {
 }
 
 /* Bit for bit what the rule says, whichever path computes it (the sorting
- * networks for 3-5 reports, the insertion sort beyond): per element the
+ * networks up to 32 reports, the insertion sort beyond): per element the
  * kept values summed in float64 in ascending order from +0, over n - 2f,
  * rounded to float; the same bits for every order of the reports. Inputs
  * full of ties, signed zeros and extremes. */
@@ -361,16 +361,17 @@ Test(sync_hostile, trimmed_mean_is_bit_exact_and_order_free) {
   static const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, 1e-30f, -1e-30f, 3e38f, -3e38f, 7.0f, 0.1f, -0.1f};
   const int np = (int)(sizeof pool / sizeof *pool);
   distro__sy_layout L;
-  const int64_t numel[1] = {70001}; /* more than one block of the fast paths, and a ragged end */
+  const int64_t numel[1] = {70001}; /* several blocks of the fast paths, and ragged ends */
   const unsigned flags[1] = {0};
   cr_assert_eq(distro__sy_layout_build(&L, 1, numel, flags, 7, 1, DISTRO_FRAG_SEQUENTIAL, 0, DISTRO_OUTER_F32, 64),
                DISTRO_OK, "%s", distro_last_error());
   const int64_t m = L.frags.numel[0];
   uint64_t rng = (uint64_t)time(NULL) * 2654435761u + 3;
   float *out = malloc(sizeof(float) * (size_t)m), *out2 = malloc(sizeof(float) * (size_t)m);
-  for (int n = 3; n <= 7; n++)
-    for (int f = 1; 2 * f + 1 <= n; f++) {
-      float *d[7], *perm[7];
+  static const int ns[] = {3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 32, 33};
+  for (unsigned ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+    for (int n = ns[ni], f = 1; 2 * f + 1 <= n; f += 1 + n / 8) {
+      float *d[33], *perm[33];
       for (int r = 0; r < n; r++) {
         d[r] = malloc(sizeof(float) * (size_t)m);
         for (int64_t j = 0; j < m; j++) {
@@ -383,7 +384,7 @@ Test(sync_hostile, trimmed_mean_is_bit_exact_and_order_free) {
       for (int r = 0; r < n; r++) perm[r] = d[n - 1 - r]; /* reversed */
       distro__sy_trimmed_mean(&L, 0, n, f, (const float *const *)perm, out2);
       for (int64_t j = 0; j < m; j++) {
-        double v[7], sum = 0;
+        double v[33], sum = 0;
         for (int r = 0; r < n; r++) v[r] = d[r][j];
         qsort(v, (size_t)n, sizeof *v, cmp_double);
         for (int r = f; r < n - f; r++) sum += v[r];

@@ -3,6 +3,7 @@
  * shared with the DiLoCo mode), and the robust rule against hostile
  * reports (coordinate-wise trimmed mean). */
 #include <math.h>
+#include <stdint.h>
 
 #include "common/clones.h"
 #include "optim/outer_merge.h"
@@ -107,13 +108,67 @@ static void trim5(const float *const *d, float *out, int64_t j0, int64_t j1, int
   }
 }
 
+/* Batcher's odd-even merge sort network on N = 2^k inputs: its
+ * compare-exchange pairs in order, into pr (N log N (log N + 1) / 4 of
+ * them); returns how many. */
+static int batcher_pairs(int N, uint8_t (*pr)[2]) {
+  int np = 0;
+  for (int p = 1; p < N; p <<= 1)
+    for (int k = p; k >= 1; k >>= 1)
+      for (int j = k % p; j + k < N; j += 2 * k)
+        for (int i = 0; i < k && i + j + k < N; i++)
+          if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) {
+            pr[np][0] = (uint8_t)(i + j);
+            pr[np][1] = (uint8_t)(i + j + k);
+            np++;
+          }
+  return np;
+}
+
+#define TRIM_MAX 32 /* reports the network path takes */
+#define TRIM_LANES 64
+
+static inline void cx_rows(float *restrict a, float *restrict b) {
+  for (int l = 0; l < TRIM_LANES; l++) CX(a[l], b[l]);
+}
+
+/* Any n <= TRIM_MAX: the network of the next power of two over columns of
+ * TRIM_LANES elements, the missing inputs +Inf (finite reports sort before
+ * them), then the kept rows summed in order as the rule says. */
+DISTRO__CLONES
+static void trim_network(const float *const *d, float *out, int64_t j0, int64_t j1, int n, int f, int N,
+                         const uint8_t (*pr)[2], int np) {
+  float v[TRIM_MAX][TRIM_LANES];
+  double sum[TRIM_LANES];
+  for (int64_t j = j0; j < j1; j += TRIM_LANES) {
+    const int m = j1 - j < TRIM_LANES ? (int)(j1 - j) : TRIM_LANES;
+    for (int r = 0; r < N; r++) {
+      int l = 0;
+      if (r < n)
+        for (; l < m; l++) v[r][l] = d[r][j + l];
+      for (; l < TRIM_LANES; l++) v[r][l] = INFINITY;
+    }
+    for (int q = 0; q < np; q++) cx_rows(v[pr[q][0]], v[pr[q][1]]);
+    for (int l = 0; l < TRIM_LANES; l++) sum[l] = 0;
+    for (int r = f; r < n - f; r++)
+      for (int l = 0; l < TRIM_LANES; l++) sum[l] += v[r][l];
+    for (int l = 0; l < m; l++) out[j + l] = (float)(sum[l] / (n - 2 * f));
+  }
+}
+
 static int trimmed_small(int64_t numel, int n, int f, const float *const *d, float *out) {
-  if (!((n == 3 && f == 1) || (n == 4 && f == 1) || (n == 5 && (f == 1 || f == 2)))) return 0;
+  if (n > TRIM_MAX) return 0;
+  const int special = (n == 3 && f == 1) || (n == 4 && f == 1) || (n == 5 && (f == 1 || f == 2));
+  int N = 1;
+  while (N < n) N <<= 1;
+  uint8_t pr[TRIM_MAX * 15][2]; /* 32 log2(32) (log2(32) + 1) / 4 = 240 pairs at most */
+  const int np = special ? 0 : batcher_pairs(N, pr);
   const int64_t block = 16384, nb = (numel + block - 1) / block;
 #pragma omp parallel for schedule(static) if (numel > 65536)
   for (int64_t k = 0; k < nb; k++) {
     const int64_t j0 = k * block, j1 = j0 + block < numel ? j0 + block : numel;
-    if (n == 3) trim3(d, out, j0, j1);
+    if (!special) trim_network(d, out, j0, j1, n, f, N, (const uint8_t(*)[2])pr, np);
+    else if (n == 3) trim3(d, out, j0, j1);
     else if (n == 4) trim4(d, out, j0, j1);
     else trim5(d, out, j0, j1, f);
   }
