@@ -20,7 +20,10 @@
 typedef struct {
   ncclComm_t nccl;
   cudaStream_t stream;
-  int owns;      /* destroy `nccl` with the comm (MPI helper) */
+  int device;    /* the CUDA device the comm was made on: every call selects it, since a
+                    duplicate runs on the overlap's helper thread */
+  int owns;      /* destroy `nccl` with the comm (MPI helper, duplicates) */
+  int owns_stream;
   void *stage;   /* device staging buffer */
   size_t cap;
 } nccl_impl;
@@ -57,11 +60,21 @@ fail:
   return st;
 }
 
+/* The comm's device on the calling thread (the overlap's helper thread
+ * starts on device 0). */
+static distro_status select_device(const nccl_impl *m) {
+  if (cudaSetDevice(m->device) != cudaSuccess)
+    return distro__fail(DISTRO_ERR_CUDA, "NCCL comm: cudaSetDevice(%d): %s", m->device,
+                        cudaGetErrorString(cudaGetLastError()));
+  return DISTRO_OK;
+}
+
 static distro_status nccl_allgather(distro_comm *c, const void *send, size_t bytes, void *recv) {
   distro_status st = DISTRO_OK;
   nccl_impl *m = c->impl;
   const size_t all = bytes * (size_t)c->size;
   if (bytes == 0) return DISTRO_OK;
+  DISTRO_CHECK(select_device(m));
   if (on_device(send) && on_device(recv)) {
     NCCL_TRY(ncclAllGather(send, recv, bytes, ncclUint8, m->nccl, m->stream));
   } else {
@@ -114,6 +127,7 @@ static distro_status nccl_allreduce(distro_comm *c, float *buf, size_t count) {
   distro_status st = DISTRO_OK;
   nccl_impl *m = c->impl;
   if (count == 0) return DISTRO_OK;
+  DISTRO_CHECK(select_device(m));
   if (on_device(buf)) {
     NCCL_TRY(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, m->nccl, m->stream));
   } else {
@@ -136,10 +150,34 @@ static distro_status nccl_barrier(distro_comm *c) {
 static void nccl_destroy(distro_comm *c) {
   nccl_impl *m = c->impl;
   if (!m) return;
+  (void)select_device(m);
   cudaFree(m->stage);
   if (m->owns) ncclCommDestroy(m->nccl);
+  if (m->owns_stream) cudaStreamDestroy(m->stream);
   free(m);
   c->impl = NULL;
+}
+
+/* For options.overlap: a communicator of the same ranks (ncclCommSplit,
+ * collective) on a stream of its own, so the background exchange neither
+ * meets the caller's collectives nor queues behind the step's kernels. */
+static distro_status nccl_dup(distro_comm *c, distro_comm **out) {
+  distro_status st = DISTRO_OK;
+  nccl_impl *m = c->impl;
+  ncclComm_t nc = NULL;
+  cudaStream_t s = NULL;
+  *out = NULL;
+  DISTRO_CHECK(select_device(m));
+  NCCL_TRY(ncclCommSplit(m->nccl, 0, c->rank, &nc, NULL));
+  DISTRO_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DISTRO_CHECK(distro_comm_nccl(nc, s, out));
+  ((nccl_impl *)(*out)->impl)->owns = 1;
+  ((nccl_impl *)(*out)->impl)->owns_stream = 1;
+  return DISTRO_OK;
+fail:
+  if (s) cudaStreamDestroy(s);
+  if (nc) ncclCommDestroy(nc);
+  return st;
 }
 
 static const distro__comm_ops nccl_ops = {
@@ -148,6 +186,7 @@ static const distro__comm_ops nccl_ops = {
     .allgatherv = nccl_allgatherv,
     .allreduce_sum = nccl_allreduce,
     .barrier = nccl_barrier,
+    .dup = nccl_dup,
     .destroy = nccl_destroy,
 };
 
@@ -166,6 +205,7 @@ distro_status distro_comm_nccl(ncclComm_t nccl, cudaStream_t stream, distro_comm
   if (!c || !m) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_comm_nccl: out of memory");
   m->nccl = nccl;
   m->stream = stream;
+  if (cudaGetDevice(&m->device) != cudaSuccess) DISTRO_FAIL(DISTRO_ERR_CUDA, "distro_comm_nccl: cudaGetDevice failed");
   c->ops = &nccl_ops;
   c->rank = rank;
   c->size = size;

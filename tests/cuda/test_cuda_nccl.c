@@ -14,7 +14,8 @@
 
 #include "cuda_test.h"
 
-static void steps(distro_comm *comm, cudaStream_t s, distro_algorithm alg, float *out, int64_t n) {
+static void steps(distro_comm *comm, cudaStream_t s, distro_algorithm alg, distro_overlap ov, float *out,
+                  int64_t n) {
   tu_rng r = {ct_seed_used};
   float *h = malloc(sizeof(float) * n), *dp, *dg;
   int64_t shape[2] = {64, n / 64};
@@ -23,6 +24,7 @@ static void steps(distro_comm *comm, cudaStream_t s, distro_algorithm alg, float
   tu_fill_normal(&r, h, (size_t)n, 1.0f);
   CT_CUDA(cudaMemcpy(dp, h, sizeof(float) * n, cudaMemcpyHostToDevice));
   distro_options o = distro_options_default(alg);
+  o.overlap = ov;
   distro_cuda_optim *opt = NULL;
   CT_CHECK(distro_cuda_optim_create(&o, comm, s, &opt) == DISTRO_OK, "create");
   CT_CHECK(distro_cuda_optim_add_param(opt, "w", dp, dg, 2, shape) == DISTRO_OK, "add");
@@ -32,6 +34,7 @@ static void steps(distro_comm *comm, cudaStream_t s, distro_algorithm alg, float
     distro_status st = distro_cuda_optim_step(opt, 0.01f, NULL);
     CT_CHECK(st == DISTRO_OK, "step %d: %s", k, distro_last_error());
   }
+  CT_CHECK(distro_cuda_optim_flush(opt, NULL) == DISTRO_OK, "flush: %s", distro_last_error());
   CT_CUDA(cudaStreamSynchronize(s));
   CT_CUDA(cudaMemcpy(out, dp, sizeof(float) * n, cudaMemcpyDeviceToHost));
   distro_cuda_optim_free(opt);
@@ -80,10 +83,19 @@ int main(void) {
   /* DeMo, and the AdamW baseline (its all-reduce on the device buffer) */
   const distro_algorithm algs[2] = {DISTRO_ALG_DEMO, DISTRO_ALG_ADAMW};
   for (int k = 0; k < 2; k++) {
-    steps(c, s, algs[k], a, n);
-    steps(local, s, algs[k], b, n);
+    steps(c, s, algs[k], DISTRO_OVERLAP_OFF, a, n);
+    steps(local, s, algs[k], DISTRO_OVERLAP_OFF, b, n);
     CT_CHECK(!memcmp(a, b, sizeof(float) * n), "%s: NCCL and local comms gave different parameters",
              k ? "AdamW baseline" : "DeMo");
+  }
+  /* both overlap modes: the background exchange on a split NCCL comm and a
+   * stream of its own, against the same over an in-process comm */
+  const distro_overlap ovs[2] = {DISTRO_OVERLAP_STALE, DISTRO_OVERLAP_LOOKAHEAD};
+  for (int k = 0; k < 2; k++) {
+    steps(c, s, DISTRO_ALG_DEMO, ovs[k], a, n);
+    steps(local, s, DISTRO_ALG_DEMO, ovs[k], b, n);
+    CT_CHECK(!memcmp(a, b, sizeof(float) * n), "overlap %d: NCCL and local comms gave different parameters",
+             (int)ovs[k]);
   }
   distro_comm_free(local);
   distro_comm_free(c);
