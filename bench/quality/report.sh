@@ -91,13 +91,20 @@ END {
   for (i = 1; i <= ns; i++) { line = sizes[i]; for (j = 1; j <= no[sizes[i]]; j++) line = line " " opts[sizes[i], j]; print line > (dir "/panels") }
 }' "${curves[@]}"
 npanels=$(wc -l < "$tmp/panels")
+# One colour per optimizer in every panel.
+colour() {
+  case "$1" in
+    adamw) echo '#1f1f1f' ;; distro-adamw) echo '#0072b2' ;; distro) echo '#009e73' ;; diloco) echo '#cc79a7' ;;
+    distro-adamw-overlap) echo '#56b4e9' ;; distro-overlap) echo '#e69f00' ;; *-stale) echo '#d55e00' ;; *) echo '#999999' ;;
+  esac
+}
 {
   echo "set terminal pngcairo size $((560 * npanels)),480 noenhanced; set output '$fig'"
   echo "set multiplot layout 1,$npanels; set grid; set xlabel 'step'; set ylabel 'validation loss (mean over seeds)'"
   while read -r size opts; do
     echo "set title 'bench/quality: $size model, AdamW lr'"
     plot="plot"
-    for opt in $opts; do plot="$plot '$tmp/$size-$opt.mean' using 1:2 with lines lw 2 title '$opt',"; done
+    for opt in $opts; do plot="$plot '$tmp/$size-$opt.mean' using 1:2 with lines lw 2 lc rgb '$(colour "$opt")' title '$opt',"; done
     echo "${plot%,}"
   done < "$tmp/panels"
   echo "unset multiplot"
