@@ -232,12 +232,6 @@ typedef struct {
   char why[512];
 } rank_job;
 
-static int64_t numel_of(const int64_t *sh) {
-  int64_t n = 1;
-  for (int d = 1; d <= sh[0]; d++) n *= sh[d];
-  return n;
-}
-
 static void *run_rank(void *arg) {
   rank_job *J = arg;
   tu_rng rng = {0x1234567ull + (uint64_t)J->rank * 7919u};
@@ -245,7 +239,6 @@ static void *run_rank(void *arg) {
   emu E;
   memset(&E, 0, sizeof E);
   float *cparam[NT], *eparam[NT], *grad[NT];
-  char name[16];
 #define FAIL(...)                                         \
   do {                                                    \
     snprintf(J->why, sizeof J->why, __VA_ARGS__);         \
@@ -254,36 +247,25 @@ static void *run_rank(void *arg) {
   if (distro_optim_create(&J->opt, J->cpu_comm, &cpu) != DISTRO_OK ||
       distro_optim_create(&J->opt, J->emu_comm, &hopt) != DISTRO_OK)
     FAIL("create: %s", distro_last_error());
-  for (int i = 0; i < NT; i++) {
-    const int64_t n = numel_of(tshapes[i]);
-    cparam[i] = malloc(sizeof(float) * (size_t)n);
-    eparam[i] = malloc(sizeof(float) * (size_t)n);
-    grad[i] = malloc(sizeof(float) * (size_t)n);
-    tu_rng prng = {0xabcdefull + (uint64_t)i}; /* the same parameters on every rank */
-    tu_fill_normal(&prng, cparam[i], (size_t)n, 0.5f);
-    memcpy(eparam[i], cparam[i], sizeof(float) * (size_t)n);
-    snprintf(name, sizeof name, "t%d", i);
-    if (distro_optim_add_param(cpu, name, cparam[i], grad[i], (int)tshapes[i][0], tshapes[i] + 1) != DISTRO_OK ||
-        distro_optim_add_param(hopt, name, eparam[i], grad[i], (int)tshapes[i][0], tshapes[i] + 1) != DISTRO_OK)
-      FAIL("add_param: %s", distro_last_error());
-  }
+  if (emu_add_tensors(cpu, hopt, NT, tshapes, 0xabcdefull, cparam, eparam, grad) != 0)
+    FAIL("add_param: %s", distro_last_error());
   if (distro__optim_prepare(hopt) != DISTRO_OK || distro__optim_verify(hopt, 1) != DISTRO_OK)
     FAIL("prepare: %s", distro_last_error());
   if (emu_init(&E, hopt, eparam, grad, 0) != 0) FAIL("emu_init: %s", distro_last_error());
   for (int step = 0; step < STEPS; step++) {
-    for (int i = 0; i < NT; i++) tu_fill_normal(&rng, grad[i], (size_t)numel_of(tshapes[i]), 1.0f + (float)step);
+    for (int i = 0; i < NT; i++) tu_fill_normal(&rng, grad[i], (size_t)emu_numel(tshapes[i]), 1.0f + (float)step);
     const float lr = 0.01f / (float)(step + 1);
     if (distro_optim_step(cpu, lr, NULL) != DISTRO_OK) FAIL("cpu step %d: %s", step, distro_last_error());
     if (emu_step(&E, lr) != DISTRO_OK) FAIL("emulated step %d: %s", step, distro_last_error());
     for (int i = 0; i < NT; i++) {
       int64_t at = -1;
-      if (!same_bits(cparam[i], eparam[i], numel_of(tshapes[i]), &at))
+      if (!same_bits(cparam[i], eparam[i], emu_numel(tshapes[i]), &at))
         FAIL("rank %d step %d tensor %d (tile %lldx%lld): element %lld: cpu %a, gpu arithmetic %a", J->rank, step, i,
              (long long)hopt->tilings[i].h, (long long)hopt->tilings[i].w, (long long)at, (double)cparam[i][at],
              (double)eparam[i][at]);
     }
   }
-  for (int i = 0; i < NT; i++) free(cparam[i]), free(eparam[i]), free(grad[i]);
+  emu_free_tensors(NT, cparam, eparam, grad);
   emu_free(&E);
   distro_optim_free(cpu);
   distro_optim_free(hopt);
@@ -293,15 +275,12 @@ static void *run_rank(void *arg) {
 
 /* Runs fn(&jobs[r]) for every rank on its own thread and waits for all. */
 static void run_ranks(void *(*fn)(void *), void *jobs, size_t job_size) {
-  pthread_t th[WORLD];
-  for (int r = 0; r < WORLD; r++) cr_assert_eq(pthread_create(&th[r], NULL, fn, (char *)jobs + (size_t)r * job_size), 0);
-  for (int r = 0; r < WORLD; r++) pthread_join(th[r], NULL);
+  cr_assert_eq(emu_run_ranks(WORLD, fn, jobs, job_size), 0, "cannot start the rank threads");
 }
 
 static void run_config(distro_update update, distro_values values, int wire, int chunk) {
   distro_comm *cc[WORLD], *ec[WORLD];
-  cr_assert_eq(distro_comm_local_group(WORLD, cc), DISTRO_OK);
-  cr_assert_eq(distro_comm_local_group(WORLD, ec), DISTRO_OK);
+  cr_assert_eq(emu_comm_groups(WORLD, cc, ec), 0);
   rank_job jobs[WORLD];
   for (int r = 0; r < WORLD; r++) {
     memset(&jobs[r], 0, sizeof jobs[r]);

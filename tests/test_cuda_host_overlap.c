@@ -26,12 +26,6 @@
 static const int64_t tshapes[][3] = {{2, 96, 40}, {2, 7, 64}, {1, 130, 0}, {2, 64, 64}, {2, 65, 33}};
 #define NT (int)(sizeof tshapes / sizeof tshapes[0])
 
-static int64_t numel_of(const int64_t *sh) {
-  int64_t n = 1;
-  for (int d = 1; d <= sh[0]; d++) n *= sh[d];
-  return n;
-}
-
 static distro_status cb_apply(void *ctx, float lr) { return emu_apply(ctx, lr); }
 static distro_status cb_compress(void *ctx, float lr, int *bad) { return emu_compress(ctx, lr, bad); }
 static distro_status cb_ahead(void *ctx, float a) { return emu_ahead(ctx, a); }
@@ -61,7 +55,6 @@ static void *run_rank(void *arg) {
   memset(&E, 0, sizeof E);
   float *cparam[NT], *eparam[NT], *grad[NT];
   int64_t total = 0;
-  char name[16];
 #define FAIL(...)                                 \
   do {                                            \
     snprintf(J->why, sizeof J->why, __VA_ARGS__); \
@@ -71,21 +64,9 @@ static void *run_rank(void *arg) {
       distro_optim_create(&J->opt, J->emu_comm, &hopt) != DISTRO_OK)
     FAIL("create: %s", distro_last_error());
   distro_comm_set_timeout(J->emu_comm, 30.0);
-  for (int i = 0; i < NT; i++) {
-    const int64_t n = numel_of(tshapes[i]);
-    total += n;
-    cparam[i] = malloc(sizeof(float) * (size_t)n);
-    eparam[i] = malloc(sizeof(float) * (size_t)n);
-    grad[i] = malloc(sizeof(float) * (size_t)n);
-    tu_rng prng = {0x77ull + (uint64_t)i}; /* the same parameters on every rank */
-    tu_fill_normal(&prng, cparam[i], (size_t)n, 0.5f);
-    memcpy(eparam[i], cparam[i], sizeof(float) * (size_t)n);
-    snprintf(name, sizeof name, "t%d", i);
-    if ((ref &&
-         distro_optim_add_param(cpu, name, cparam[i], grad[i], (int)tshapes[i][0], tshapes[i] + 1) != DISTRO_OK) ||
-        distro_optim_add_param(hopt, name, eparam[i], grad[i], (int)tshapes[i][0], tshapes[i] + 1) != DISTRO_OK)
-      FAIL("add_param: %s", distro_last_error());
-  }
+  for (int i = 0; i < NT; i++) total += emu_numel(tshapes[i]);
+  if (emu_add_tensors(cpu, hopt, NT, tshapes, 0x77ull, cparam, eparam, grad) != 0)
+    FAIL("add_param: %s", distro_last_error());
   /* as distro_cuda_optim_step's first call: prepare, verify, attach */
   if (distro__optim_prepare(hopt) != DISTRO_OK || distro__optim_verify(hopt, 1) != DISTRO_OK ||
       distro__overlap_attach(hopt) != DISTRO_OK)
@@ -95,7 +76,7 @@ static void *run_rank(void *arg) {
   const distro__overlap_ext_ops ok_ops = {&E, cb_apply, cb_compress, la ? cb_ahead : NULL, la ? cb_agree : NULL},
                           bad_ops = {&E, cb_apply, cb_compress_fails, la ? cb_ahead : NULL, la ? cb_agree : NULL};
   for (int call = 0; call < CALLS; call++) {
-    for (int i = 0; i < NT; i++) tu_fill_normal(&rng, grad[i], (size_t)numel_of(tshapes[i]), 1.0f + (float)call);
+    for (int i = 0; i < NT; i++) tu_fill_normal(&rng, grad[i], (size_t)emu_numel(tshapes[i]), 1.0f + (float)call);
     const float lr = 0.02f / (float)(call + 1);
     distro_step_stats s;
     memset(&s, 0, sizeof s);
@@ -109,7 +90,7 @@ static void *run_rank(void *arg) {
                                       (long long)hopt->step);
     for (int i = 0; i < NT; i++) {
       int64_t at = -1;
-      if (!same_bits(cparam[i], eparam[i], numel_of(tshapes[i]), &at))
+      if (!same_bits(cparam[i], eparam[i], emu_numel(tshapes[i]), &at))
         FAIL("rank %d call %d tensor %d: element %lld: cpu %a, gpu arithmetic %a", J->rank, call, i, (long long)at,
              (double)cparam[i][at], (double)eparam[i][at]);
     }
@@ -122,14 +103,14 @@ static void *run_rank(void *arg) {
     if (distro_optim_flush(cpu, NULL) != DISTRO_OK) FAIL("cpu flush: %s", distro_last_error());
     for (int i = 0; i < NT; i++) {
       int64_t at = -1;
-      if (!same_bits(cparam[i], eparam[i], numel_of(tshapes[i]), &at))
+      if (!same_bits(cparam[i], eparam[i], emu_numel(tshapes[i]), &at))
         FAIL("rank %d after the flush, tensor %d: element %lld differs", J->rank, i, (long long)at);
     }
   }
   J->final = malloc(sizeof(float) * (size_t)total);
-  for (int i = 0, off = 0; i < NT; off += (int)numel_of(tshapes[i]), i++)
-    memcpy(J->final + off, eparam[i], sizeof(float) * (size_t)numel_of(tshapes[i]));
-  for (int i = 0; i < NT; i++) free(cparam[i]), free(eparam[i]), free(grad[i]);
+  for (int i = 0, off = 0; i < NT; off += (int)emu_numel(tshapes[i]), i++)
+    memcpy(J->final + off, eparam[i], sizeof(float) * (size_t)emu_numel(tshapes[i]));
+  emu_free_tensors(NT, cparam, eparam, grad);
   emu_free(&E);
   distro_optim_free(cpu);
   distro_optim_free(hopt);
@@ -139,15 +120,13 @@ static void *run_rank(void *arg) {
 
 static int64_t total_numel(void) {
   int64_t n = 0;
-  for (int i = 0; i < NT; i++) n += numel_of(tshapes[i]);
+  for (int i = 0; i < NT; i++) n += emu_numel(tshapes[i]);
   return n;
 }
 
 static void run(job *J, distro_overlap overlap, distro_update update, distro_values values, int wire, int fail_call) {
   distro_comm *cc[WORLD], *ec[WORLD];
-  cr_assert_eq(distro_comm_local_group(WORLD, cc), DISTRO_OK);
-  cr_assert_eq(distro_comm_local_group(WORLD, ec), DISTRO_OK);
-  pthread_t th[WORLD];
+  cr_assert_eq(emu_comm_groups(WORLD, cc, ec), 0);
   for (int r = 0; r < WORLD; r++) {
     memset(&J[r], 0, sizeof J[r]);
     J[r].cpu_comm = cc[r];
@@ -156,9 +135,8 @@ static void run(job *J, distro_overlap overlap, distro_update update, distro_val
     J[r].fail_call = fail_call;
     J[r].opt = emu_options(update, values, wire, 32, 7);
     J[r].opt.overlap = overlap;
-    cr_assert_eq(pthread_create(&th[r], NULL, run_rank, &J[r]), 0);
   }
-  for (int r = 0; r < WORLD; r++) pthread_join(th[r], NULL);
+  cr_assert_eq(emu_run_ranks(WORLD, run_rank, J, sizeof J[0]), 0, "cannot start the rank threads");
   for (int r = 0; r < WORLD; r++) {
     cr_assert(J[r].why[0] == 0, "overlap %d update %d values %d wire %d: rank %d: %s", (int)overlap, (int)update,
               (int)values, wire, r, J[r].why);

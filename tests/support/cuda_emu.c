@@ -3,12 +3,15 @@
 #include "cuda_emu.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
 #include "common/error.h"
 #include "optim/step_rule.h"
+#include "testutil.h"
 
 int same_bits(const float *a, const float *b, int64_t n, int64_t *at) {
   for (int64_t i = 0; i < n; i++)
@@ -17,6 +20,59 @@ int same_bits(const float *a, const float *b, int64_t n, int64_t *at) {
       return 0;
     }
   return 1;
+}
+
+int64_t emu_numel(const int64_t *sh) {
+  int64_t n = 1;
+  for (int d = 1; d <= sh[0]; d++) n *= sh[d];
+  return n;
+}
+
+int emu_add_tensors(distro_optim *cpu, distro_optim *hopt, int nt, const int64_t (*shapes)[3], uint64_t seed,
+                    float **cparam, float **eparam, float **grad) {
+  char name[16];
+  for (int i = 0; i < nt; i++) cparam[i] = eparam[i] = grad[i] = NULL;
+  for (int i = 0; i < nt; i++) {
+    const int64_t n = emu_numel(shapes[i]);
+    cparam[i] = malloc(sizeof(float) * (size_t)n);
+    eparam[i] = malloc(sizeof(float) * (size_t)n);
+    grad[i] = calloc((size_t)n, sizeof(float));
+    if (!cparam[i] || !eparam[i] || !grad[i]) return -1;
+    tu_rng prng = {seed + (uint64_t)i}; /* the same parameters on every rank */
+    tu_fill_normal(&prng, cparam[i], (size_t)n, 0.5f);
+    memcpy(eparam[i], cparam[i], sizeof(float) * (size_t)n);
+    snprintf(name, sizeof name, "t%d", i);
+    if ((cpu &&
+         distro_optim_add_param(cpu, name, cparam[i], grad[i], (int)shapes[i][0], shapes[i] + 1) != DISTRO_OK) ||
+        distro_optim_add_param(hopt, name, eparam[i], grad[i], (int)shapes[i][0], shapes[i] + 1) != DISTRO_OK)
+      return -1;
+  }
+  return 0;
+}
+
+void emu_free_tensors(int nt, float **cparam, float **eparam, float **grad) {
+  for (int i = 0; i < nt; i++) free(cparam[i]), free(eparam[i]), free(grad[i]);
+}
+
+int emu_run_ranks(int world, void *(*fn)(void *), void *jobs, size_t job_size) {
+  pthread_t th[64];
+  int started = 0, rc = 0;
+  for (; started < world && started < 64; started++)
+    if (pthread_create(&th[started], NULL, fn, (char *)jobs + (size_t)started * job_size) != 0) {
+      rc = -1;
+      break;
+    }
+  for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
+  return started == world ? rc : -1;
+}
+
+int emu_comm_groups(int world, distro_comm **cpu, distro_comm **gpu) {
+  if (distro_comm_local_group(world, cpu) != DISTRO_OK) return -1;
+  if (distro_comm_local_group(world, gpu) != DISTRO_OK) {
+    for (int r = 0; r < world; r++) distro_comm_free(cpu[r]);
+    return -1;
+  }
+  return 0;
 }
 
 distro_options emu_options(distro_update update, distro_values values, int wire, int chunk, int topk) {
@@ -132,7 +188,8 @@ distro_status emu_apply(emu *E, float lr) {
       const size_t sel = (size_t)h->sel_off[i] + (size_t)(c * t->k);
       distro__hd_apply_tile(&E->tp[i].D, h->dec_idx + sel, h->dec_val + sel, h->total_sel, h->dropped, h->comm->size,
                             (int)t->k, (E->base ? E->base[i] : E->param[i]) + off, g + off,
-                            adam ? E->v[i] + off : NULL, adam, h->opt.beta2, t->cols, shrink, step, E->work, E->iwork, 0, 1);
+                            adam ? E->v[i] + off : NULL, adam, h->opt.beta2, t->cols, shrink, step, E->work,
+                            E->iwork, 0, 1);
     }
   }
   return DISTRO_OK;

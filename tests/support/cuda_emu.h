@@ -48,6 +48,21 @@ distro_status emu_agree(emu *E);
 distro_status emu_step(emu *E, float lr);
 
 int same_bits(const float *a, const float *b, int64_t n, int64_t *at);
+/* The host tests' tensors: shapes[i] = {ndim, d0, d1}, named t0, t1, ...;
+ * parameters drawn from `seed` (the same on every rank), copied into
+ * eparam, registered with their gradient buffers on cpu (unless NULL) and
+ * on hopt. cparam, eparam, grad: nt pointers each, allocated here. 0 or -1
+ * (distro_last_error says why when a registration failed). */
+int64_t emu_numel(const int64_t *shape);
+int emu_add_tensors(distro_optim *cpu, distro_optim *hopt, int nt, const int64_t (*shapes)[3], uint64_t seed,
+                    float **cparam, float **eparam, float **grad);
+void emu_free_tensors(int nt, float **cparam, float **eparam, float **grad);
+/* Runs fn on its own thread for each of `world` jobs (job r at jobs + r *
+ * job_size) and waits for all; 0, or -1 if a thread could not start. */
+int emu_run_ranks(int world, void *(*fn)(void *), void *jobs, size_t job_size);
+/* Two in-process groups of `world` ranks (the CPU reference's and the
+ * emulated GPU's); 0 or -1. */
+int emu_comm_groups(int world, distro_comm **cpu, distro_comm **gpu);
 /* The host tests' options: DeMo with this update, values, wire version,
  * chunk and top-k, weight decay 0.1, one thread. */
 distro_options emu_options(distro_update update, distro_values values, int wire, int chunk, int topk);
