@@ -265,10 +265,7 @@ static void *run_rank(void *arg) {
              (double)eparam[i][at]);
     }
   }
-  emu_free_tensors(NT, cparam, eparam, grad);
-  emu_free(&E);
-  distro_optim_free(cpu);
-  distro_optim_free(hopt);
+  emu_release(&E, cpu, hopt, NT, cparam, eparam, grad);
   return NULL;
 #undef FAIL
 }

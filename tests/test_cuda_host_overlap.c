@@ -110,10 +110,7 @@ static void *run_rank(void *arg) {
   J->final = malloc(sizeof(float) * (size_t)total);
   for (int i = 0, off = 0; i < NT; off += (int)emu_numel(tshapes[i]), i++)
     memcpy(J->final + off, eparam[i], sizeof(float) * (size_t)emu_numel(tshapes[i]));
-  emu_free_tensors(NT, cparam, eparam, grad);
-  emu_free(&E);
-  distro_optim_free(cpu);
-  distro_optim_free(hopt);
+  emu_release(&E, cpu, hopt, NT, cparam, eparam, grad);
   return NULL;
 #undef FAIL
 }

@@ -99,8 +99,9 @@ DISTRO_API distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, 
  * compresses its own gradient and leaves its exchange running on a host
  * thread over a private duplicate of the communicator (NCCL: a split of
  * the same ranks on a stream of its own); with look-ahead the parameters
- * then take this rank's provisional step. The parameters follow the CPU's overlapped step bit for bit. Flush
- * applies the exchange in flight: before evaluating, saving or loading. */
+ * then take this rank's provisional step. The parameters follow the CPU's
+ * overlapped step bit for bit. Flush applies the exchange in flight: before
+ * evaluating, saving or loading. */
 DISTRO_API distro_status distro_cuda_optim_flush(distro_cuda_optim *o, distro_step_stats *stats);
 
 /* Optimizer state (step count, DeMo momentum, AdamW moments) in the file

@@ -336,7 +336,8 @@ distro_status distro__cuda_optim_prepare(distro_cuda_optim *o) {
   if (h->opt.overlap) DISTRO_CHECK(distro__overlap_init(h)); /* the helper thread and its second exchange set */
   /* Page-locking the decoded arrays only speeds up their upload (not with
    * overlap: its exchange sets swap, and the registered one would move). */
-  if (all && !h->opt.overlap && cudaHostRegister(h->dec_idx, sizeof(uint32_t) * all, cudaHostRegisterDefault) == cudaSuccess) {
+  if (all && !h->opt.overlap &&
+      cudaHostRegister(h->dec_idx, sizeof(uint32_t) * all, cudaHostRegisterDefault) == cudaSuccess) {
     if (cudaHostRegister(h->dec_val, sizeof(float) * all, cudaHostRegisterDefault) == cudaSuccess)
       o->dec_registered = 1;
     else
@@ -453,8 +454,7 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
       DISTRO_CUDA_TRY(distro__cuda_apply_tiles(S, &o->shapes[p->shape].dev, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
                                                o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
                                                p->base ? p->base : p->param, g, p->v, !sign_update, h->opt.beta2,
-                                               shrink, step,
-                                               o->tile_work, o->tile_iwork, o->max_blocks));
+                                               shrink, step, o->tile_work, o->tile_iwork, o->max_blocks));
     } else {
       DISTRO_CUDA_TRY(distro__cuda_aggregate(S, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
                                              o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
@@ -747,7 +747,7 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
     return st;
   }
   /* Overlap: the private comm of the background exchanges, once the ranks
-   * agree that all of them overlap (NCCL cannot be duplicated: refused). */
+   * agree that all of them overlap (a comm without dup is refused here). */
   if (h->ov && (st = distro__overlap_attach(h)) != DISTRO_OK) return st;
   if (o->broken) { /* still join the collective, so that the other ranks fail too */
     distro__fail(DISTRO_ERR_CUDA, "an earlier step failed on the device after its exchange; this optimizer's device "

@@ -54,6 +54,13 @@ void emu_free_tensors(int nt, float **cparam, float **eparam, float **grad) {
   for (int i = 0; i < nt; i++) free(cparam[i]), free(eparam[i]), free(grad[i]);
 }
 
+void emu_release(emu *E, distro_optim *cpu, distro_optim *hopt, int nt, float **cparam, float **eparam, float **grad) {
+  emu_free_tensors(nt, cparam, eparam, grad);
+  emu_free(E);
+  distro_optim_free(cpu);
+  distro_optim_free(hopt);
+}
+
 int emu_run_ranks(int world, void *(*fn)(void *), void *jobs, size_t job_size) {
   pthread_t th[64];
   int started = 0, rc = 0;

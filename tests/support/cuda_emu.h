@@ -57,6 +57,9 @@ int64_t emu_numel(const int64_t *shape);
 int emu_add_tensors(distro_optim *cpu, distro_optim *hopt, int nt, const int64_t (*shapes)[3], uint64_t seed,
                     float **cparam, float **eparam, float **grad);
 void emu_free_tensors(int nt, float **cparam, float **eparam, float **grad);
+/* A host-test rank's teardown: the tensors, the emulated device state and
+ * both optimizers (either may be NULL). */
+void emu_release(emu *E, distro_optim *cpu, distro_optim *hopt, int nt, float **cparam, float **eparam, float **grad);
 /* Runs fn on its own thread for each of `world` jobs (job r at jobs + r *
  * job_size) and waits for all; 0, or -1 if a thread could not start. */
 int emu_run_ranks(int world, void *(*fn)(void *), void *jobs, size_t job_size);
