@@ -449,7 +449,7 @@ Test(cuda_host, nonfinite_momentum_and_second_moment_are_flagged) {
         tu_fill_normal(&rng, g, E, 1e35f);
       }
       if (c == 3) g[5] = adam ? 1e30f : INFINITY; /* adam: g^2 overflows the second moment */
-      const int bad = distro__hd_compress_tile(&tp.D, g, v, adam, 0.999f, 0.5f, 1e-8f, mom, next, 32, 0.999f,
+      const int bad = distro__hd_compress_tile(&tp.D, g, v, NULL, adam, 0.999f, 0.5f, 1e-8f, mom, next, 32, 0.999f,
                                                adam ? 1.0f : 1e3f, work, &flag, 0, 1);
       cr_assert_eq(bad != 0, c != 0, "adam %d case %d: flag %d", adam, c, bad);
       if (c == 0)

@@ -90,10 +90,12 @@ distro_status distro__cuda_tile_tables(const distro__tiling *t, float **blob, di
 /* demo.c's compress phase without the selection, tile by tile in the CPU's
  * rounding: next = decay*mom + scale*DCT(x), x the gradient or (adam)
  * DisTrO-AdamW's normalized gradient; flags[slot] = 1 if a second moment
- * or a momentum value is Inf or NaN. D: device tables. work: max_blocks x
- * distro__hd_tile_work floats. */
+ * or a momentum value is Inf or NaN; vnext (overlap, else NULL) gets the
+ * second moment v'. D: device tables. work: max_blocks x distro__hd_tile_work
+ * floats. */
 cudaError_t distro__cuda_compress_tiles(cudaStream_t s, const distro__hd_dct *D, const distro__tiling *t,
-                                        const float *grad, const float *v, int adam, float b2, float c2, float eps,
+                                        const float *grad, const float *v, float *vnext, int adam, float b2,
+                                        float c2, float eps,
                                         const float *mom, float *next, float decay, float scale, float *work,
                                         int max_blocks, int *flags, int slot);
 /* demo.c's apply phase: aggregate every rank's selection (idx/val: rank 0's
@@ -142,9 +144,10 @@ cudaError_t distro__cuda_adamw_update(cudaStream_t s, float *p, float *m, float 
                                       float c2);
 /* DisTrO-AdamW (demo.c's adam_tile and apply, same bits): u = g / (sqrt(v'/c2)
  * + eps) with v' = b2 v + (1 - b2) g^2, flags[slot] set if v' is not
- * finite; then v <- v' once the step commits. */
-cudaError_t distro__cuda_adam_input(cudaStream_t s, const float *g, const float *v, float *u, int64_t n, float b2,
-                                    float eps, float c2, int *flags, int slot);
+ * finite (and stored in vnext unless NULL: overlap stages it); then v <- v'
+ * once the step commits. */
+cudaError_t distro__cuda_adam_input(cudaStream_t s, const float *g, const float *v, float *vnext, float *u, int64_t n,
+                                    float b2, float eps, float c2, int *flags, int slot);
 cudaError_t distro__cuda_adam_commit(cudaStream_t s, float *v, const float *g, int64_t n, float b2);
 /* out = bf16(x), round to nearest even. */
 cudaError_t distro__cuda_to_bf16(cudaStream_t s, const float *x, uint16_t *out, int64_t n);

@@ -108,9 +108,9 @@ static void free_device_state(distro_cuda_optim *o) {
     cudaFree(p->mom_next);
     cudaFree(p->m);
     cudaFree(p->v);
-    cudaFree(p->g_stage);
+    cudaFree(p->v_next);
     cudaFree(p->base);
-    p->mom = p->mom_next = p->m = p->v = p->g_stage = p->base = NULL;
+    p->mom = p->mom_next = p->m = p->v = p->v_next = p->base = NULL;
     distro__cuda_fft_destroy(&p->fft);
     p->use_fft = 0;
     h->params[i].idx = NULL; /* they pointed into h_sel_idx / h_sel_val */
@@ -265,10 +265,10 @@ distro_status distro__cuda_optim_prepare(distro_cuda_optim *o) {
     if (!demo) continue;
     DISTRO_CHECK(zeroed((void **)&p->mom, bytes));
     DISTRO_CHECK(zeroed((void **)&p->mom_next, bytes));
-    /* Stale overlap: the step's gradient, for the second moment that the
-     * apply of the next call commits (the caller's buffer holds the next
-     * gradient by then). */
-    if (adam && h->opt.overlap) DISTRO_CHECK(zeroed((void **)&p->g_stage, bytes));
+    /* Overlap: the second moment v' staged by the compress, committed by the
+     * apply of the next call (as on the CPU: the caller's buffer holds the
+     * next gradient by then). */
+    if (adam && h->opt.overlap) DISTRO_CHECK(zeroed((void **)&p->v_next, bytes));
     /* Look-ahead: the agreed parameters; the caller's run ahead of them. */
     if (h->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD) DISTRO_CHECK(zeroed((void **)&p->base, bytes));
     if (exact) {
@@ -385,13 +385,15 @@ static distro_status demo_local(distro_cuda_optim *o, float lr, int *bad) {
     const int64_t n = h->params[i].numel;
     if (p->shape >= 0) { /* the exact method: demo.c's arithmetic, tile by tile */
       DISTRO_CUDA_TRY(distro__cuda_compress_tiles(S, &o->shapes[p->shape].dev, &h->tilings[i], p->grad, p->v,
-                                                  !sign_update, h->opt.beta2, c2, h->opt.eps, p->mom, p->mom_next,
+                                                  p->v_next, !sign_update, h->opt.beta2, c2, h->opt.eps, p->mom,
+                                                  p->mom_next,
                                                   decay, scale, o->tile_work, o->max_blocks, o->d_flags, i));
       continue;
     }
     const float *x = p->grad; /* DisTrO-AdamW: the normalized gradient (demo.c) */
     if (!sign_update) {
-      DISTRO_CUDA_TRY(distro__cuda_adam_input(S, p->grad, p->v, o->d_u, n, h->opt.beta2, h->opt.eps, c2, o->d_flags, i));
+      DISTRO_CUDA_TRY(
+          distro__cuda_adam_input(S, p->grad, p->v, p->v_next, o->d_u, n, h->opt.beta2, h->opt.eps, c2, o->d_flags, i));
       x = o->d_u;
     }
     if (p->use_fft)
@@ -402,10 +404,6 @@ static distro_status demo_local(distro_cuda_optim *o, float lr, int *bad) {
      * gradient reaches its tile's coefficients through the transform) */
     DISTRO_CUDA_TRY(distro__cuda_momentum(S, p->mom_next, p->mom, decay, scale, n, o->d_flags, i));
   }
-  for (int i = 0; i < h->nparams; i++)
-    if (o->params[i].g_stage)
-      DISTRO_CUDA_TRY(cudaMemcpyAsync(o->params[i].g_stage, o->params[i].grad,
-                                      sizeof(float) * (size_t)h->params[i].numel, cudaMemcpyDeviceToDevice, S));
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_FORWARD], S));
   /* Top-k per chunk; what is selected leaves the staged momentum. */
   for (int i = 0; i < h->nparams; i++)
@@ -446,14 +444,20 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
   for (int i = 0; i < h->nparams; i++) {
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;
-    const float *g = p->g_stage ? p->g_stage : p->grad;
+    /* DisTrO-AdamW's second moment: the staged v' (overlap), or v' from the gradient */
+    const int commit_v = !sign_update && !p->v_next;
+    if (p->v_next) {
+      float *sw = p->v;
+      p->v = p->v_next;
+      p->v_next = sw;
+    }
     float *q = p->mom; /* the old momentum buffer holds the inverse (GEMM / FFT) */
     p->mom = p->mom_next;
     p->mom_next = q;
     if (p->shape >= 0) {
       DISTRO_CUDA_TRY(distro__cuda_apply_tiles(S, &o->shapes[p->shape].dev, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
                                                o->d_dec_val + h->sel_off[i], h->total_sel, o->d_dropped, world,
-                                               p->base ? p->base : p->param, g, p->v, !sign_update, h->opt.beta2,
+                                               p->base ? p->base : p->param, p->grad, p->v, commit_v, h->opt.beta2,
                                                shrink, step, o->tile_work, o->tile_iwork, o->max_blocks));
     } else {
       DISTRO_CUDA_TRY(distro__cuda_aggregate(S, &h->tilings[i], o->d_dec_idx + h->sel_off[i],
@@ -464,7 +468,7 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
       else
         DISTRO_CHECK(distro__cuda_dct_decode(o->blas, S, &p->dct, o->scratch_a, q, o->scratch_b));
       DISTRO_CUDA_TRY(distro__cuda_sign_update(S, p->param, q, step, shrink, n));
-      if (!sign_update) DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->v, g, n, h->opt.beta2));
+      if (commit_v) DISTRO_CUDA_TRY(distro__cuda_adam_commit(S, p->v, p->grad, n, h->opt.beta2));
     }
     /* the bf16 copy (with look-ahead: after the provisional step, demo_ahead) */
     if (p->bf16 && !p->base) DISTRO_CUDA_TRY(distro__cuda_to_bf16(S, p->param, p->bf16, n));

@@ -19,7 +19,7 @@ typedef struct {
   const float *grad;
   uint16_t *bf16;     /* bf16 copy written after each update, or NULL */
   float *mom, *mom_next, *m, *v;
-  float *g_stage;     /* overlap, DisTrO-AdamW: the gradient of the step in flight */
+  float *v_next;      /* overlap, DisTrO-AdamW: v' of the step in flight, committed by its apply */
   float *base;        /* look-ahead: the agreed parameters (param runs ahead of them) */
   distro__cuda_dct dct;
   distro__cuda_fft_dct fft;

@@ -411,12 +411,14 @@ DISTRO_HD void distro__hd_select(float *x, int n, int k, uint32_t *idx, float *v
 /* demo.c compress_tile without the selection: the tile's input (the
  * gradient, or with adam the normalized gradient u = g / (sqrt(v'/c2) +
  * eps)), its DCT, and next = decay*mom + s*DCT, all in the (rows, cols)
- * layout at row stride ld (grad, v, mom, next at the tile's first element).
- * Returns nonzero (to every thread) if a v' or a momentum value is Inf or
+ * layout at row stride ld (grad, v, mom, next at the tile's first element);
+ * with adam and vnext (overlap), v' is also stored there, as the CPU stages
+ * it. Returns nonzero (to every thread) if a v' or a momentum value is Inf or
  * NaN. flag: one word of scratch every thread can see. */
-DISTRO_HD int distro__hd_compress_tile(const distro__hd_dct *D, const float *grad, const float *v, int adam, float b2,
-                                       float c2, float eps, const float *mom, float *next, int64_t ld, float decay,
-                                       float s, float *work, uint32_t *flag, int tid, int nt) {
+DISTRO_HD int distro__hd_compress_tile(const distro__hd_dct *D, const float *grad, const float *v, float *vnext,
+                                       int adam, float b2, float c2, float eps, const float *mom, float *next,
+                                       int64_t ld, float decay, float s, float *work, uint32_t *flag, int tid,
+                                       int nt) {
   const int h = D->h, w = D->w, e = h * w;
   float *T = work, *U = work + e, *W = work + 2 * e;
   const float *x = grad;
@@ -429,6 +431,7 @@ DISTRO_HD int distro__hd_compress_tile(const distro__hd_dct *D, const float *gra
       const int b = t / w, d = t % w;
       const float vj = distro__hd_second_moment(v[b * ld + d], grad[b * ld + d], b2);
       U[t] = distro__hd_adam_input(grad[b * ld + d], vj, c2, eps);
+      if (vnext) vnext[b * ld + d] = vj; /* overlap: v' staged until the step commits */
       bad |= (uint32_t)distro__hd_nonfinite(vj);
     }
     x = U;

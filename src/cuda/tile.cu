@@ -11,15 +11,16 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads)
-    compress_kernel(distro__hd_dct D, distro__tiling t, const float *grad, const float *v, int adam, float b2, float c2,
-                    float eps, const float *mom, float *next, float decay, float s, float *work, int64_t wstride,
-                    int *flags, int slot) {
+    compress_kernel(distro__hd_dct D, distro__tiling t, const float *grad, const float *v, float *vnext, int adam,
+                    float b2, float c2, float eps, const float *mom, float *next, float decay, float s, float *work,
+                    int64_t wstride, int *flags, int slot) {
   __shared__ uint32_t flag;
   float *my = work + (int64_t)blockIdx.x * wstride;
   int bad = 0;
   for (int64_t c = blockIdx.x; c < t.nchunks; c += gridDim.x) {
     const int64_t off = (c / t.tiles_c) * t.h * t.cols + (c % t.tiles_c) * t.w;
-    bad |= distro__hd_compress_tile(&D, grad + off, adam ? v + off : nullptr, adam, b2, c2, eps, mom + off,
+    bad |= distro__hd_compress_tile(&D, grad + off, adam ? v + off : nullptr, vnext ? vnext + off : nullptr, adam, b2,
+                                    c2, eps, mom + off,
                                     next + off, t.cols, decay, s, my, &flag, (int)threadIdx.x, (int)blockDim.x);
   }
   if (bad && threadIdx.x == 0) flags[slot] = 1;
@@ -57,11 +58,13 @@ unsigned blocks(const distro__tiling *t, int max_blocks) {
 }  // namespace
 
 extern "C" cudaError_t distro__cuda_compress_tiles(cudaStream_t s, const distro__hd_dct *D, const distro__tiling *t,
-                                                   const float *grad, const float *v, int adam, float b2, float c2,
+                                                   const float *grad, const float *v, float *vnext, int adam, float b2,
+                                                   float c2,
                                                    float eps, const float *mom, float *next, float decay, float scale,
                                                    float *work, int max_blocks, int *flags, int slot) {
   if (t->nchunks == 0) return cudaSuccess;
-  compress_kernel<<<blocks(t, max_blocks), kThreads, 0, s>>>(*D, *t, grad, v, adam, b2, c2, eps, mom, next, decay,
+  compress_kernel<<<blocks(t, max_blocks), kThreads, 0, s>>>(*D, *t, grad, v, vnext, adam, b2, c2, eps, mom, next,
+                                                              decay,
                                                               scale, work, distro__hd_tile_work(D->h, D->w), flags,
                                                               slot);
   return cudaGetLastError();

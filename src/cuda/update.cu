@@ -85,13 +85,15 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *q, int64
 }
 
 // DisTrO-AdamW's input (demo.c, adam_tile): u = g / (sqrt(v'/c2) + eps),
-// v' the second moment after this step; flags[slot] set if v' is not finite.
-__global__ void adam_input_kernel(const float *g, const float *v, float *u, int64_t n, float b2, float eps, float c2,
-                                  int *flags, int slot) {
+// v' the second moment after this step (also stored in vnext, with overlap);
+// flags[slot] set if v' is not finite.
+__global__ void adam_input_kernel(const float *g, const float *v, float *vnext, float *u, int64_t n, float b2,
+                                  float eps, float c2, int *flags, int slot) {
   int bad = 0;
   GRID_STRIDE(j, n) {
     const float vj = distro__hd_second_moment(v[j], g[j], b2);
     u[j] = distro__hd_adam_input(g[j], vj, c2, eps);
+    if (vnext) vnext[j] = vj;
     bad |= distro__hd_nonfinite(vj);
   }
   if (bad) flags[slot] = 1;
@@ -158,10 +160,10 @@ extern "C" cudaError_t distro__cuda_to_bf16(cudaStream_t s, const float *x, uint
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t distro__cuda_adam_input(cudaStream_t s, const float *g, const float *v, float *u, int64_t n,
-                                               float b2, float eps, float c2, int *flags, int slot) {
+extern "C" cudaError_t distro__cuda_adam_input(cudaStream_t s, const float *g, const float *v, float *vnext, float *u,
+                                               int64_t n, float b2, float eps, float c2, int *flags, int slot) {
   if (n == 0) return cudaSuccess;
-  adam_input_kernel<<<grid_for(n), kThreads, 0, s>>>(g, v, u, n, b2, eps, c2, flags, slot);
+  adam_input_kernel<<<grid_for(n), kThreads, 0, s>>>(g, v, vnext, u, n, b2, eps, c2, flags, slot);
   return cudaGetLastError();
 }
 

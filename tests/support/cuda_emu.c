@@ -112,10 +112,10 @@ int emu_init(emu *E, distro_optim *h, float **param, float **grad, int stage) {
   E->mom = floats_per_tensor(h);
   E->next = floats_per_tensor(h);
   E->v = floats_per_tensor(h);
-  if (stage && h->opt.update == DISTRO_UPDATE_ADAMW) E->gst = floats_per_tensor(h);
+  if (stage && h->opt.update == DISTRO_UPDATE_ADAMW) E->vnext = floats_per_tensor(h);
   if (stage && h->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD && !(E->base = floats_per_tensor(h))) return -1;
   E->tp = calloc((size_t)h->nparams, sizeof *E->tp);
-  if (!E->mom || !E->next || !E->v || !E->tp || (stage && h->opt.update == DISTRO_UPDATE_ADAMW && !E->gst)) return -1;
+  if (!E->mom || !E->next || !E->v || !E->tp || (stage && h->opt.update == DISTRO_UPDATE_ADAMW && !E->vnext)) return -1;
   int64_t maxe = 1, hmax = 1;
   for (int i = 0; i < h->nparams; i++) {
     const distro__tiling *t = &h->tilings[i];
@@ -136,11 +136,11 @@ void emu_free(emu *E) {
     if (E->mom) free(E->mom[i]);
     if (E->next) free(E->next[i]);
     if (E->v) free(E->v[i]);
-    if (E->gst) free(E->gst[i]);
+    if (E->vnext) free(E->vnext[i]);
     if (E->base) free(E->base[i]);
     if (E->tp) distro__dct_plan_destroy(&E->tp[i].p);
   }
-  free(E->mom), free(E->next), free(E->v), free(E->gst), free(E->base), free(E->tp);
+  free(E->mom), free(E->next), free(E->v), free(E->vnext), free(E->base), free(E->tp);
   free(E->work), free(E->iwork), free(E->tile);
   memset(E, 0, sizeof *E);
 }
@@ -161,7 +161,8 @@ distro_status emu_compress(emu *E, float lr, int *bad) {
     const distro__tiling *t = &h->tilings[i];
     for (int64_t c = 0; c < t->nchunks; c++) {
       const int64_t off = tile_off(t, c);
-      if (distro__hd_compress_tile(&E->tp[i].D, E->grad[i] + off, adam ? E->v[i] + off : NULL, adam, h->opt.beta2, c2,
+      if (distro__hd_compress_tile(&E->tp[i].D, E->grad[i] + off, adam ? E->v[i] + off : NULL,
+                                   E->vnext ? E->vnext[i] + off : NULL, adam, h->opt.beta2, c2,
                                    h->opt.eps, E->mom[i] + off, E->next[i] + off, t->cols, decay, s, E->work, &flag, 0,
                                    1) &&
           *bad < 0)
@@ -174,7 +175,6 @@ distro_status emu_compress(emu *E, float lr, int *bad) {
       for (int64_t b = 0; b < t->h; b++)
         memcpy(E->next[i] + off + b * t->cols, E->tile + b * t->w, sizeof(float) * (size_t)t->w);
     }
-    if (E->gst) memcpy(E->gst[i], E->grad[i], sizeof(float) * (size_t)h->params[i].numel);
   }
   return DISTRO_OK;
 }
@@ -186,7 +186,12 @@ distro_status emu_apply(emu *E, float lr) {
               shrink = 1.0f - lr * h->opt.weight_decay;
   for (int i = 0; i < h->nparams; i++) {
     const distro__tiling *t = &h->tilings[i];
-    const float *g = E->gst ? E->gst[i] : E->grad[i];
+    const int commit_v = adam && !E->vnext; /* overlap: v' was staged by the compress */
+    if (E->vnext) {
+      float *sw = E->v[i];
+      E->v[i] = E->vnext[i];
+      E->vnext[i] = sw;
+    }
     float *tmp = E->mom[i];
     E->mom[i] = E->next[i];
     E->next[i] = tmp;
@@ -194,8 +199,8 @@ distro_status emu_apply(emu *E, float lr) {
       const int64_t off = tile_off(t, c);
       const size_t sel = (size_t)h->sel_off[i] + (size_t)(c * t->k);
       distro__hd_apply_tile(&E->tp[i].D, h->dec_idx + sel, h->dec_val + sel, h->total_sel, h->dropped, h->comm->size,
-                            (int)t->k, (E->base ? E->base[i] : E->param[i]) + off, g + off,
-                            adam ? E->v[i] + off : NULL, adam, h->opt.beta2, t->cols, shrink, step, E->work,
+                            (int)t->k, (E->base ? E->base[i] : E->param[i]) + off, E->grad[i] + off,
+                            commit_v ? E->v[i] + off : NULL, commit_v, h->opt.beta2, t->cols, shrink, step, E->work,
                             E->iwork, 0, 1);
     }
   }

@@ -22,7 +22,7 @@ typedef struct {
   int nt;
   float **param, **grad;      /* the caller's (borrowed) */
   float **mom, **next, **v;   /* the device state */
-  float **gst;                /* overlap, DisTrO-AdamW: the staged gradients (optim_cuda.c's g_stage), else NULL */
+  float **vnext;              /* overlap, DisTrO-AdamW: the staged second moments (optim_cuda.c's v_next), else NULL */
   float **base;               /* look-ahead: the agreed parameters (optim_cuda.c's base), else NULL */
   tile_plan *tp;
   float *work, *tile;
@@ -30,8 +30,8 @@ typedef struct {
 } emu;
 
 /* Device state for h's tensors (param/grad: h's registered buffers); stage:
- * keep a copy of each gradient as the overlapped GPU step does, and with
- * look-ahead the agreed parameters. 0 or -1. */
+ * stage the second moment as the overlapped GPU step does, and with
+ * look-ahead keep the agreed parameters. 0 or -1. */
 int emu_init(emu *E, distro_optim *h, float **param, float **grad, int stage);
 void emu_free(emu *E);
 /* demo_local: compress (momentum staged in next), select into h's
