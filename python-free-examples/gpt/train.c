@@ -20,6 +20,15 @@
 
 #define PI 3.14159265358979323846
 
+/* One step's figures on this rank, until the batch's all-reduce (below). */
+enum { LOG_BATCH = 32 };
+typedef struct {
+  int step;
+  float lr, loss, gnorm;
+  uint64_t sent, recv;
+  double dt, optim_s, exch_s, outer_s, exch_bg_s, elapsed;
+} step_rec;
+
 typedef struct {
   const train_config *cfg;
   const gpt_corpus *data;
@@ -309,6 +318,9 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   double t_begin = gpt_now(), step_sum = 0, optim_sum = 0, exch_sum = 0;
   double iv_tokens = 0, iv_time = 0, peak_sent = 0;
   float loss_mean = NAN;
+  step_rec pend[LOG_BATCH]; /* steps whose log figures are not reduced yet */
+  float logred[7 * LOG_BATCH];
+  int npend = 0;
   int timed_out = 0;
   if (lead) {
     res->nevals = 0;
@@ -365,35 +377,62 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     my_recv += st.bytes_received;
     iv_tokens += tokens_per_step;
     iv_time += dt;
+    const int done_steps = step + 1;
 
-    /* The loss and gradient norm averaged over ranks, and this step's bytes
+    /* The loss and gradient norm averaged over ranks, and each step's bytes
      * summed over ranks (payload sizes vary with the data), for the log.
-     * Byte counts travel as 16-bit halves so the float sums stay exact. */
+     * They are reduced in one collective per batch of steps, not one per
+     * step: with an overlapped exchange on a slow link, a per-step
+     * collective would queue behind the exchange's traffic and expose it
+     * again. A batch ends at every step that prints, validates or saves, at
+     * the last step and after LOG_BATCH steps; with one rank, a learner
+     * (logs read while it runs) or --time-limit, at every step. */
+    step_rec *r = &pend[npend++];
+    r->step = done_steps;
+    r->lr = lr;
+    r->loss = loss;
+    r->gnorm = gnorm;
+    r->sent = st.bytes_sent;
+    r->recv = st.bytes_received;
+    r->dt = dt;
+    r->optim_s = st.seconds_total;
+    r->exch_s = st.seconds_exchange;
+    r->outer_s = outer_s;
+    r->exch_bg_s = st.seconds_exchange_bg;
+    r->elapsed = gpt_now() - t_begin;
+    const int evals = (c->eval_every > 0 && done_steps % c->eval_every == 0) || done_steps == stop;
+    const int saves = c->save_path && ((c->save_every > 0 && done_steps % c->save_every == 0) || done_steps == stop);
+    if (!(world == 1 || decoupled || c->time_limit > 0 || npend == LOG_BATCH || evals || saves || done_steps == stop ||
+          done_steps % c->print_every == 0 || step == start))
+      continue;
+
     /* The 7th: rank 0's clock says --time-limit is reached (all ranks stop at this step). */
     const int out_of_time = lead && c->time_limit > 0 && gpt_now() - t_begin >= c->time_limit;
-    float red[7] = {loss, gnorm, (float)(st.bytes_sent >> 16), (float)(st.bytes_sent & 0xffff),
-                    (float)(st.bytes_received >> 16), (float)(st.bytes_received & 0xffff), (float)out_of_time};
-    if (distro_comm_allreduce_sum(comm, red, 7) != DISTRO_OK) {
+    for (int i = 0; i < npend; i++) {
+      float *q = logred + 7 * i;
+      q[0] = pend[i].loss;
+      q[1] = pend[i].gnorm;
+      q[2] = (float)(pend[i].sent >> 16);
+      q[3] = (float)(pend[i].sent & 0xffff);
+      q[4] = (float)(pend[i].recv >> 16);
+      q[5] = (float)(pend[i].recv & 0xffff);
+      q[6] = i == npend - 1 ? (float)out_of_time : 0.0f;
+    }
+    if (distro_comm_allreduce_sum(comm, logred, (size_t)(7 * npend)) != DISTRO_OK) {
       FAIL("all-reduce of the loss failed: %s", distro_last_error());
       who = 0;
       goto done;
     }
-    loss_mean = red[0] / (float)world;
-    const uint64_t step_sent = ((uint64_t)red[2] << 16) + (uint64_t)red[3];
-    if ((double)step_sent / world > peak_sent) peak_sent = (double)step_sent / world;
-    tot_sent += step_sent;
-    tot_recv += ((uint64_t)red[4] << 16) + (uint64_t)red[5];
-    const int done_steps = step + 1;
-    const int time_up = red[6] > 0 && done_steps < stop;
+    const int time_up = logred[7 * (npend - 1) + 6] > 0 && done_steps < stop;
     double val = NAN;
-    if ((c->eval_every > 0 && done_steps % c->eval_every == 0) || done_steps == stop || time_up) {
+    if (evals || time_up) {
       val = EVAL(eval_count);
       if (lead && res->nevals < (int)(sizeof res->eval_step / sizeof *res->eval_step)) {
         res->eval_step[res->nevals] = done_steps;
         res->eval_loss[res->nevals++] = val;
       }
+      pend[npend - 1].elapsed = gpt_now() - t_begin; /* the validation counts in the step that ran it */
     }
-    const double elapsed = gpt_now() - t_begin;
     char extra[160] = "";
 #ifdef DISTRO_WITH_SYNC
     if (lrn) {
@@ -403,22 +442,31 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
                fmt_bytes(ls_line, sizeof ls_line, (double)ls.bytes_up), ls.goodput);
     }
 #endif
-    if (lead && log) {
-      fprintf(log, "%d,%.9g,%.9g,%.9g,%.9g,%.0f,%llu,%llu,%llu,%llu,%.6f,%.6f,%.6f,%.3f", done_steps, lr,
-              loss_mean, val, red[1] / (float)world, (double)done_steps * tokens_per_step,
-              (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received,
-              (unsigned long long)tot_sent, (unsigned long long)tot_recv, dt, st.seconds_total,
-              st.seconds_exchange, elapsed);
+    for (int i = 0; i < npend; i++) {
+      const float *q = logred + 7 * i;
+      const step_rec *p = &pend[i];
+      loss_mean = q[0] / (float)world;
+      const uint64_t step_sent = ((uint64_t)q[2] << 16) + (uint64_t)q[3];
+      if ((double)step_sent / world > peak_sent) peak_sent = (double)step_sent / world;
+      tot_sent += step_sent;
+      tot_recv += ((uint64_t)q[4] << 16) + (uint64_t)q[5];
+      if (!(lead && log)) continue;
+      fprintf(log, "%d,%.9g,%.9g,%.9g,%.9g,%.0f,%llu,%llu,%llu,%llu,%.6f,%.6f,%.6f,%.3f", p->step, p->lr,
+              loss_mean, i == npend - 1 ? val : NAN, q[1] / (float)world, (double)p->step * tokens_per_step,
+              (unsigned long long)p->sent, (unsigned long long)p->recv, (unsigned long long)tot_sent,
+              (unsigned long long)tot_recv, p->dt, p->optim_s, p->exch_s, p->elapsed);
 #ifdef DISTRO_WITH_SYNC
-      if (lrn)
+      if (lrn) /* a learner's batch is one step: ls is this step's */
         fprintf(log, ",%.3f,%llu,%llu,%.6f,%llu,%llu,%llu,%.4f,%.4f,%.4f", unix_now(), (unsigned long long)ls.applies,
                 (unsigned long long)ls.reports, ls.goodput, (unsigned long long)ls.tokens,
                 (unsigned long long)ls.bytes_up, (unsigned long long)ls.bytes_down, ls.useful_s, ls.wasted_s,
                 ls.pending_s);
 #endif
-      fprintf(log, ",%.6f,%.6f\n", outer_s, st.seconds_exchange_bg);
-      if (decoupled) fflush(log); /* a learner may be SIGKILLed: the launcher reads what it did */
+      fprintf(log, ",%.6f,%.6f\n", p->outer_s, p->exch_bg_s);
     }
+    npend = 0;
+    if (lead && log && decoupled) fflush(log); /* a learner may be SIGKILLed: the launcher reads what it did */
+    const double elapsed = gpt_now() - t_begin;
     if (lead && !c->quiet &&
         (done_steps % c->print_every == 0 || !isnan(val) || done_steps == stop || step == start || time_up)) {
       const double eta = elapsed / (done_steps - (double)start) * (stop - done_steps);
@@ -426,7 +474,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
                      extra);
       iv_tokens = iv_time = 0;
     }
-    if (c->save_path && ((c->save_every > 0 && done_steps % c->save_every == 0) || done_steps == stop)) {
+    if (saves) {
       /* A state with an exchange in flight cannot be saved: apply it first
        * (the resumed run and this one then continue alike). */
       if (c->overlap_step && flush_step(opt, comm, &tot_sent, &tot_recv, err, sizeof err) != 0) {
