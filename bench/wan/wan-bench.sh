@@ -2,9 +2,10 @@
 # bench/wan: the GPT trainer over real rate-limited links (README.md).
 #
 #   bench/wan/wan-bench.sh [--reduced | --full] [--rates "1000 100 10"] [--modes "..."]
-#                          [--out DIR] [--steps N] [--resume] [BUILD_DIR]
+#                          [--ranks 4] [--out DIR] [--steps N] [--resume] [BUILD_DIR]
 #
-# 4 MPI ranks of gpt-train (or a distro-syncer and 4 decoupled learners), one
+# N MPI ranks of gpt-train (--ranks, default 4, at most 16; or a distro-syncer
+# and N decoupled learners), one
 # network namespace each, on links limited by tbf in both directions, for each
 # mode and link rate; then one table and a gnuplot PNG of validation loss
 # against wall clock. --reduced (the default, a few minutes): 2 layers of
@@ -12,26 +13,28 @@
 # 128, context 128, 842,496 parameters), 300 steps. Both: batch 4 per rank,
 # so every row trains on the same tokens. Modes: adamw distro distro-adamw
 # diloco decoupled, distro-overlap when `gpt-train --help` lists
-# $WAN_OVERLAP_ARGS (default --overlap-step: the look-ahead overlap), and
-# distro-stale (--overlap-stale) when it lists that. distro and the overlap
-# modes also run with no limit
+# $WAN_OVERLAP_ARGS (default --overlap-step: the look-ahead overlap), likewise
+# distro-adamw-overlap, and distro-stale (--overlap-stale) when it lists that.
+# distro, distro-adamw and the overlap modes also run with no limit
 # (rate "none"): the floor its 10 Mbit/s step is compared with.
 # --resume keeps DIR's results and runs only the rows missing from them.
 # WAN_TIMEOUT (seconds, default 3600) bounds each run; one past it is
 # stopped and its row marked failed.
 # Root; exits 77 where namespaces are not permitted. Results: DIR (default
-# BUILD_DIR/wan-PRESET): table.txt, table.md, wan.png, per-run CSV and logs.
+# BUILD_DIR/wan-PRESET, or wan-PRESET-rN for N ranks other than 4): table.txt,
+# table.md, wan.png, per-run CSV and logs.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/wan-net.sh"
 
-preset=reduced rates="1000 100 10" modes="" out="" steps="" build="" resume=0
+preset=reduced rates="1000 100 10" modes="" out="" steps="" build="" resume=0 ranks=4
 while [ $# -gt 0 ]; do
   case $1 in
     --reduced | --full) preset=${1#--} ;;
     --rates) rates=$2; shift ;;
     --modes) modes=$2; shift ;;
     --out) out=$2; shift ;;
+    --ranks) ranks=$2; shift ;;
     --steps) steps=$2; shift ;;
     --resume) resume=1 ;;
     -h | --help) sed -n '2,/^set -e/{/^set -e/d;p}' "$0"; exit 0 ;;
@@ -40,6 +43,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+case $ranks in [2-9] | 1[0-6]) ;; *) echo "wan-bench: --ranks must be 2-16, not '$ranks'" >&2; exit 2 ;; esac
 build=$(cd "${build:-build}" && pwd)
 gpt=$build/python-free-examples/gpt/gpt-train
 syncer=$build/distro-syncer
@@ -60,28 +64,30 @@ if [ -z "$modes" ]; then
   # Not `--help | grep -q`: grep exits at the first match, the trainer gets
   # SIGPIPE and pipefail turns the match into a failure.
   help=$("$gpt" --help 2>&1 || true)
-  case $help in *"${overlap_args%% *}"*) modes="$modes distro-overlap" ;; esac
+  case $help in *"${overlap_args%% *}"*) modes="$modes distro-overlap distro-adamw-overlap" ;; esac
   case $help in *--overlap-stale*) modes="$modes distro-stale" ;; esac
 fi
 # Decoupled DiLoCo: the launcher's tuned syncer (python-free-examples/decoupled),
 # with timeouts long enough for a 400 ms queue on a 10 Mbit/s link.
 sync_args="--fragments 4 --quorum 2 --H 24 --overlap 2 --codec int4 --merge tokens --outer-lr 1 \
 --outer-momentum 0 --timeout 5 --heartbeat 0.2"
-out=${out:-$build/wan-$preset}
+out=${out:-$build/wan-$preset$([ "$ranks" = 4 ] || echo "-r$ranks")}
 mkdir -p "$out"
 [ $resume = 1 ] || rm -f "$out"/*.csv "$out"/*.out* "$out"/*.log "$out"/*.dat "$out"/*.rc "$out"/*.ep "$out"/results.tsv
 touch "$out/results.tsv"
+echo "ranks=$ranks" > "$out/meta"
 
 wan_check
 wan_build_probe "$build"
-wan_up 5 # 4 ranks or learners, and the syncer's node
-nodes_last=4
+wan_up $((ranks + 1)) # the ranks or learners, and the syncer's node
+nodes_last=$ranks
 
 args_of() { # mode -> gpt-train flags
   case $1 in
     adamw | distro | distro-adamw) echo "--optim $1" ;;
-    diloco) echo "--optim diloco --learners 4" ;;
+    diloco) echo "--optim diloco --learners $ranks" ;;
     distro-overlap) echo "--optim distro $overlap_args" ;;
+    distro-adamw-overlap) echo "--optim distro-adamw $overlap_args" ;;
     distro-stale) echo "--optim distro --overlap-stale" ;;
   esac
 }
@@ -105,9 +111,11 @@ summarize() { # mode rate csv out wall kernel load0 load1 [learner CSVs...]
       -v wall="$wall" -v l0="$l0" -v l1="$l1" '
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
     { n++; st = $col["step_s"]; ex = $col["exchange_s"]; ou = ("outer_s" in col) ? $col["outer_s"] : 0
-      step += st; comm += ex + ou; if (n <= 5) first += st; last_step = $1 }
-    END { printf "%s\t%s\t%d\t%s\t%.4f\t%.4f\t%.4f\t%s\t%s\t%.1f\t%s\t%s\n", mode, rate, last_step, final,
-                 step / n, comm / n, first / (n < 5 ? n : 5), lib, kernel, wall, l0, l1 }' "$csv" >> "$out/results.tsv"
+      step += st; comm += ex + ou; if (n <= 5) first += st; last_step = $1
+      el = $col["elapsed_s"]; if (n == 1) el1 = el }
+    END { printf "%s\t%s\t%d\t%s\t%.4f\t%.4f\t%.4f\t%s\t%s\t%.1f\t%s\t%s\t%.4f\n", mode, rate, last_step, final,
+                 step / n, comm / n, first / (n < 5 ? n : 5), lib, kernel, wall, l0, l1, (n > 1 ? (el - el1) / (n - 1) : 0) }' \
+    "$csv" >> "$out/results.tsv"
   # The validation curve: elapsed seconds, periodic val loss.
   awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
            $col["val_loss"] != "nan" { print $col["elapsed_s"], $col["val_loss"] }' "$csv" > "$out/$mode-$rate.dat"
@@ -116,7 +124,7 @@ summarize() { # mode rate csv out wall kernel load0 load1 [learner CSVs...]
 # A run that failed keeps its row, marked (the reason is in its log).
 failed() { # mode rate name rc
   echo "  $3 FAILED (exit $4; logs: $out/$3.*)"
-  printf '%s\t%s\t0\tfailed\t0\t0\t0\t0\t0\t0\t%s\t%s\n' "$1" "$(rate_name "$2")" "$(load)" "$(load)" >> "$out/results.tsv"
+  printf '%s\t%s\t0\tfailed\t0\t0\t0\t0\t0\t0\t%s\t%s\t0\n' "$1" "$(rate_name "$2")" "$(load)" "$(load)" >> "$out/results.tsv"
 }
 
 # The trainer's progress and final lines, live.
@@ -126,15 +134,15 @@ run_mpi() { # mode rate
   local mode=$1 rate=$2 name k0 t0 l0 rc=0
   name=$mode-$(rate_name "$rate")
   wan_rate "$rate"
-  l0=$(load) k0=$(wan_tx_sum 0 3) t0=$(now)
+  l0=$(load) k0=$(wan_tx_sum 0 $((ranks - 1))) t0=$(now)
   # shellcheck disable=SC2046
   { local r=0
-    wan_mpirun 4 "$gpt" --mpi $common --print-every $print_every --log "$out/$name.csv" $(args_of "$mode") 2>&1 || r=$?
+    wan_mpirun $ranks "$gpt" --mpi $common --print-every $print_every --log "$out/$name.csv" $(args_of "$mode") 2>&1 || r=$?
     echo $r > "$out/$name.rc"; } | tee "$out/$name.out" | progress
   rc=$(cat "$out/$name.rc")
   local wall kernel
   wall=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
-  kernel=$(($(wan_tx_sum 0 3) - k0))
+  kernel=$(($(wan_tx_sum 0 $((ranks - 1))) - k0))
   if [ "$rc" != 0 ]; then
     tail -n 20 "$out/$name.out" | sed "s/^/    /"
     failed "$mode" "$rate" "$name" "$rc"
@@ -154,23 +162,23 @@ run_decoupled() { # rate
   # are in the kernel's count).
   local keys=$out/$name.keys
   rm -rf "$keys" && mkdir -m 700 "$keys"
-  for k in syncer 0 1 2 3; do "$syncer" --keygen "$keys/$k" > /dev/null; done
+  for k in syncer $(seq 0 $((ranks - 1))); do "$syncer" --keygen "$keys/$k" > /dev/null; done
   # shellcheck disable=SC2086
-  ip netns exec "$(wan_ns 4)" "$syncer" --endpoint "tcp://$(wan_addr 4):5555" --endpoint-file "$out/$name.ep" \
+  ip netns exec "$(wan_ns $ranks)" "$syncer" --endpoint "tcp://$(wan_addr $ranks):5555" --endpoint-file "$out/$name.ep" \
     --curve-keypair "$keys/syncer" $sync_args > "$out/$name.syncer.log" 2>&1 &
   spid=$!
   for ((i = 0; i < 100; i++)); do [ -s "$out/$name.ep" ] && break; sleep 0.05; done
-  for i in 0 1 2 3; do
+  for ((i = 0; i < ranks; i++)); do
     # shellcheck disable=SC2086
     timeout -k 20 "${WAN_TIMEOUT:-3600}" ip netns exec "$(wan_ns $i)" "$gpt" $common --ranks 1 --optim decoupled --inner adamw \
-      --syncer "tcp://$(wan_addr 4):5555" --learner-id $i --serve-endpoint "tcp://$(wan_addr $i):*" \
+      --syncer "tcp://$(wan_addr $ranks):5555" --learner-id $i --serve-endpoint "tcp://$(wan_addr $i):*" \
       --curve-server-key "$keys/syncer.pub" --curve-keypair "$keys/$i" --sync-timeout 5 \
       --print-every $print_every --log "$out/$name.l$i.csv" > "$out/$name.out.l$i" 2>&1 &
     pids+=($!)
   done
   tail -n +1 -F "$out/$name.out.l0" 2> /dev/null > >(progress) &
   local tpid=$!
-  for i in 0 1 2 3; do wait "${pids[$i]}" || rc=$?; done
+  for ((i = 0; i < ranks; i++)); do wait "${pids[$i]}" || rc=$?; done
   kill "$tpid" 2> /dev/null || true
   kill -TERM "$spid" 2> /dev/null || true
   wait "$spid" || true
@@ -186,19 +194,19 @@ run_decoupled() { # rate
   summarize decoupled "$(rate_name "$rate")" "$out/$name.l0.csv" "$out/$name.out.l" "$wall" "$kernel" "$l0" "$(load)"
 }
 
-echo "== bench/wan, $preset: $(echo $common | sed 's/--threads 1 //'), 4 ranks/learners; modes: $modes; rates (Mbit/s): $rates"
+echo "== bench/wan, $preset: $(echo $common | sed 's/--threads 1 //'), $ranks ranks/learners; modes: $modes; rates (Mbit/s): $rates"
 echo "   machine: $(nproc) cores, load $(load) at the start; results in $out"
-echo "== link check: 1 MB all-gather per rank, 4 ranks (each rank sends 3 MB on a ring)"
+echo "== link check: 1 MB all-gather per rank, $ranks ranks (each rank sends $((ranks - 1)) MB on a ring)"
 for rate in 0 $rates; do
   wan_rate "$rate"
-  t=$(wan_mpirun 4 "$WAN_PROBE" 1000000 2 | awk -F'seconds=' '/^exchange/ { t = $2 } END { print t }') || t=""
-  floor=$(awk -v r="$rate" 'BEGIN { if (r > 0) printf "%.2f s", 3e6 * 8 / (r * 1e6); else print "-" }')
+  t=$(wan_mpirun $ranks "$WAN_PROBE" 1000000 2 | awk -F'seconds=' '/^exchange/ { t = $2 } END { print t }') || t=""
+  floor=$(awk -v r="$rate" -v n="$ranks" 'BEGIN { if (r > 0) printf "%.2f s", (n - 1) * 1e6 * 8 / (r * 1e6); else print "-" }')
   echo "   $(rate_name "$rate") Mbit/s: ${t:-failed} s (payload at the link rate: $floor)"
 done
 
 runs=()
 for rate in $rates; do for m in $modes; do runs+=("$m:$rate"); done; done
-for m in $modes; do case $m in distro | distro-overlap | distro-stale) runs+=("$m:0") ;; esac; done
+for m in $modes; do case $m in distro | distro-adamw | distro-overlap | distro-adamw-overlap | distro-stale) runs+=("$m:0") ;; esac; done
 k=0
 start=$(now)
 for r in "${runs[@]}"; do
