@@ -386,6 +386,30 @@ Test(gpt_train, decoupled_learners_join_merge_and_learn) {
 /* ---- errors ------------------------------------------------------------ */
 
 /* Runs with `args` (no --data unless given), expects exit `code` and `msg` in the output. */
+/* --sampling: with one rank both modes read the same windows (the same
+ * parameters); with two, shard confines each rank to its half of the text,
+ * so the runs differ; each mode is reproducible. */
+Test(gpt_train, sampling_modes_choose_the_text) {
+  unsigned long long sum[2][3];
+  for (int ranks = 1; ranks <= 2; ranks++)
+    for (int k = 0; k < 3; k++) {
+      char cmd[4096], *out;
+      snprintf(cmd, sizeof cmd,
+               "'%s' --data '%s' --layers 1 --dim 32 --heads 2 --context 32 --batch 4 --threads 1 --eval-batches 2 "
+               "--ranks %d --optim distro-adamw --steps 12 --eval-every 0 --checksum --sampling %s",
+               GPT_TRAIN, corpus, ranks, k == 1 ? "shard" : "global");
+      int rc = run(cmd, &out);
+      cr_assert_eq(rc, 0, "gpt-train failed (exit %d):\n%s\n%s", rc, cmd, out);
+      cr_assert(strstr(out, k == 1 ? "shard sampling" : "global sampling"), "the mode is not reported:\n%s", out);
+      sum[ranks - 1][k] = checksum_of(out);
+      free(out);
+    }
+  cr_expect_eq(sum[0][0], sum[0][2], "global sampling is not reproducible (1 rank)");
+  cr_expect_eq(sum[1][0], sum[1][2], "global sampling is not reproducible (2 ranks)");
+  cr_expect_eq(sum[0][0], sum[0][1], "with one rank, global and shard sampling read different windows");
+  cr_expect_neq(sum[1][0], sum[1][1], "with two ranks, shard sampling gave global's parameters");
+}
+
 static void expect_error(const char *args, int code, const char *msg) {
   char cmd[4096], *out;
   snprintf(cmd, sizeof cmd, "'%s' %s", GPT_TRAIN, args);
@@ -405,6 +429,7 @@ Test(gpt_errors, bad_flags) {
   expect_error("--lr fast", 2, "--lr: 'fast' is not a number");
   expect_error("--optim sgd", 2, "--optim: 'sgd' is not one of adamw, distro, distro-adamw");
   expect_error("--values f8", 2, "--values: 'f8' is not one of f32, bf16, sign1, int8, int4");
+  expect_error("--sampling random", 2, "--sampling: 'random' is not one of global, shard");
   expect_error("--dim 30 --heads 4", 2, "dim must be a multiple of heads");
   expect_error("--decay 1", 2, "--decay must be < 1");
   expect_error("--plot x.png", 2, "--plot needs --compare");
@@ -481,6 +506,19 @@ Test(gpt_errors, bad_data) {
   expect_error(args, 1, "is too short: ");
   snprintf(args, sizeof args, "--data '%s'", dir);
   expect_error(args, 1, "is not a regular file");
+  /* 2800 bytes, context 128: the training split holds a window, 21 shards of it do not. */
+  snprintf(path, sizeof path, "%s/small.txt", dir);
+  write_corpus(path, 2800);
+  snprintf(args, sizeof args, "--data '%s' --layers 1 --dim 32 --heads 2 --context 128 --batch 1 --threads 1 "
+           "--ranks 21 --optim adamw --steps 1 --eval-every 0 --sampling shard", path);
+  expect_error(args, 1, "each rank's training shard needs a window");
+  char cmd[4096], *out;
+  snprintf(cmd, sizeof cmd, "'%s' %s", GPT_TRAIN, args);
+  *strstr(cmd, "--sampling shard") = 0;
+  strcat(cmd, "--sampling global");
+  int rc = run(cmd, &out);
+  cr_expect_eq(rc, 0, "global sampling on a text that holds one window refused (exit %d):\n%s", rc, out);
+  free(out);
 }
 
 Test(gpt_errors, bad_checkpoints) {

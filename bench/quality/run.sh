@@ -7,7 +7,8 @@
 #
 #   bench/quality/run.sh [--build DIR] [--set NAME] [--sizes small,large,xl] [--seeds 1,2,3]
 #                        [--optims adamw,distro,distro-adamw,diloco] [--lr-scales 1]
-#                        [--wd X] [--ckpt-dir DIR] [--quick] [--fresh] [--report]
+#                        [--wd X] [--sampling global|shard] [--ckpt-dir DIR] [--quick]
+#                        [--fresh] [--report]
 #
 # Results are data: one row per run in bench/quality/data/NAME.tsv (default
 # set "main") and its validation curve in NAME.curves.tsv, both committed.
@@ -22,7 +23,11 @@
 #
 # X-overlap runs optimizer X with --overlap-step (look-ahead), X-stale with
 # --overlap-stale. --wd X sets the decoupled weight decay for every run (the
-# DisTrO report's schedule: 0.1; the trainer's default: 0).
+# DisTrO report's schedule: 0.1; the trainer's default: 0). --sampling is
+# gpt-train's (where each rank draws its windows); a set keeps the mode it
+# was started with in NAME.meta (the sets measured before the option existed
+# say shard there), and a run asking for another mode is refused. A new set
+# takes --sampling, or the trainer's default, global.
 # small: the demo model (4 layers, width 128, 842,496 parameters), 300 steps.
 # large: 5 layers, width 256, 8 heads (4,047,616 parameters), 900 steps.
 # xl:    7 layers, width 384, 6 heads (12.57 M parameters), 1800 steps.
@@ -31,7 +36,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-build=build set= sizes=small,large seeds=1,2,3 optims=adamw,distro,distro-adamw,diloco lrs=1 wd=0
+build=build set= sizes=small,large seeds=1,2,3 optims=adamw,distro,distro-adamw,diloco lrs=1 wd=0 sampling=
 ckpt=${XDG_CACHE_HOME:-$HOME/.cache}/distro-quality
 quick=0 report=0 fresh=0
 while [ $# -gt 0 ]; do
@@ -43,11 +48,12 @@ while [ $# -gt 0 ]; do
     --optims) optims=$2; shift 2 ;;
     --lr-scales) lrs=$2; shift 2 ;;
     --wd) wd=$2; shift 2 ;;
+    --sampling) sampling=$2; shift 2 ;;
     --ckpt-dir) ckpt=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --fresh) fresh=1; shift ;;
     --report) report=1; shift ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -e/{/^set -e/d;p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quality: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -73,7 +79,15 @@ gpt=$build/python-free-examples/gpt/gpt-train
 [ -x "$gpt" ] || { echo "quality: $gpt not built (make build)" >&2; exit 1; }
 out=$build/quality
 mkdir -p "$out" "$ckpt"
-results=$data/$set.tsv curvefile=$data/$set.curves.tsv
+results=$data/$set.tsv curvefile=$data/$set.curves.tsv meta=$data/$set.meta
+case $sampling in "" | global | shard) ;; *) echo "quality: --sampling must be global or shard" >&2; exit 2 ;; esac
+[ "$fresh" = 1 ] && rm -f "$meta"
+had=$(sed -n 's/^sampling=//p' "$meta" 2> /dev/null || true)
+if [ -n "$had" ] && [ -n "$sampling" ] && [ "$had" != "$sampling" ]; then
+  echo "quality: set $set was measured with --sampling $had; use another --set for $sampling" >&2; exit 2
+fi
+sampling=${sampling:-${had:-global}}
+echo "sampling=$sampling" > "$meta"
 header="size	optimizer	lr	lr_scale	wd	seed	final_val	bytes_per_step	steps	params"
 if [ "$fresh" = 1 ] || [ ! -s "$results" ]; then
   echo "$header" > "$results"
@@ -99,7 +113,8 @@ IFS=, read -r -a O <<< "$optims"
 IFS=, read -r -a D <<< "$seeds"
 IFS=, read -r -a L <<< "$lrs"
 total=$(( ${#S[@]} * ${#O[@]} * ${#D[@]} * ${#L[@]} )) k=0 t0=$(date +%s) ran=0
-echo "== bench/quality: set $set, sizes $sizes, optimizers $optims, seeds $seeds, lr x $lrs, wd $wd;" \
+echo "== bench/quality: set $set, sizes $sizes, optimizers $optims, seeds $seeds, lr x $lrs, wd $wd," \
+     "$sampling sampling;" \
      "$(nproc) cores; $(date -u '+%F %T') UTC"
 for size in "${S[@]}"; do
   flags=$(size_flags "$size")
@@ -133,7 +148,7 @@ for size in "${S[@]}"; do
           rm -f "$out/$tag.csv" "$out/$tag.log"
         fi
         # shellcheck disable=SC2086
-        if ! "$gpt" --optim "$gopt" --seed "$seed" $flags --lr "$lr" --wd "$wd" $extra --print-every 100000 \
+        if ! "$gpt" --optim "$gopt" --seed "$seed" $flags --lr "$lr" --wd "$wd" --sampling "$sampling" $extra --print-every 100000 \
                --log "$out/$tag.csv" $save >> "$out/$tag.log" 2>&1; then
           echo "[$k/$total] $tag: FAILED (see $out/$tag.log)"; continue
         fi

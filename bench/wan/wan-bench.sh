@@ -2,7 +2,8 @@
 # bench/wan: the GPT trainer over real rate-limited links (README.md).
 #
 #   bench/wan/wan-bench.sh [--reduced | --full] [--rates "1000 100 10"] [--modes "..."]
-#                          [--ranks 4] [--out DIR] [--steps N] [--resume] [BUILD_DIR]
+#                          [--ranks 4] [--sampling global|shard] [--out DIR] [--steps N]
+#                          [--resume] [BUILD_DIR]
 #
 # N MPI ranks of gpt-train (--ranks, default 4, at most 16; or a distro-syncer
 # and N decoupled learners), one
@@ -17,6 +18,8 @@
 # distro-adamw-overlap, and distro-stale (--overlap-stale) when it lists that.
 # distro, distro-adamw and the overlap modes also run with no limit
 # (rate "none"): the floor its 10 Mbit/s step is compared with.
+# --sampling passes gpt-train's --sampling (where each rank draws its
+# windows; default global, the trainer's).
 # --resume keeps DIR's results and runs only the rows missing from them.
 # WAN_TIMEOUT (seconds, default 3600) bounds each run; one past it is
 # stopped and its row marked failed.
@@ -27,7 +30,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/wan-net.sh"
 
-preset=reduced rates="1000 100 10" modes="" out="" steps="" build="" resume=0 ranks=4
+preset=reduced rates="1000 100 10" modes="" out="" steps="" build="" resume=0 ranks=4 sampling=""
 while [ $# -gt 0 ]; do
   case $1 in
     --reduced | --full) preset=${1#--} ;;
@@ -35,6 +38,7 @@ while [ $# -gt 0 ]; do
     --modes) modes=$2; shift ;;
     --out) out=$2; shift ;;
     --ranks) ranks=$2; shift ;;
+    --sampling) sampling=$2; shift ;;
     --steps) steps=$2; shift ;;
     --resume) resume=1 ;;
     -h | --help) sed -n '2,/^set -e/{/^set -e/d;p}' "$0"; exit 0 ;;
@@ -57,6 +61,8 @@ else
 fi
 # Every periodic validation uses the same 64 windows (16 batches of 4).
 common="$model --batch 4 --threads 1 --steps $steps --eval-every $eval_every --eval-batches 16 --seed 1"
+case $sampling in "") ;; global | shard) common="$common --sampling $sampling" ;;
+  *) echo "wan-bench: --sampling must be global or shard, not '$sampling'" >&2; exit 2 ;; esac
 print_every=$(( steps / 5 > 0 ? steps / 5 : 1 ))
 overlap_args=${WAN_OVERLAP_ARGS:---overlap-step}
 if [ -z "$modes" ]; then
@@ -75,7 +81,7 @@ out=${out:-$build/wan-$preset$([ "$ranks" = 4 ] || echo "-r$ranks")}
 mkdir -p "$out"
 [ $resume = 1 ] || rm -f "$out"/*.csv "$out"/*.out* "$out"/*.log "$out"/*.dat "$out"/*.rc "$out"/*.ep "$out"/results.tsv
 touch "$out/results.tsv"
-echo "ranks=$ranks" > "$out/meta"
+printf 'ranks=%s\nsampling=%s\n' "$ranks" "${sampling:-global}" > "$out/meta"
 
 wan_check
 wan_build_probe "$build"

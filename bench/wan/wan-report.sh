@@ -17,7 +17,8 @@ tsv=$dir/results.tsv
 # The number of ranks (learners) the run had: DIR/meta, written by wan-bench.sh (4 before it existed).
 ranks=$(sed -n 's/^ranks=//p' "$dir/meta" 2> /dev/null || true)
 ranks=${ranks:-4}
-awk -F'\t' -v dir="$dir" -v preset="$preset" -v ranks="$ranks" '
+sampling=$(sed -n 's/^sampling=//p' "$dir/meta" 2> /dev/null || true)
+awk -F'\t' -v dir="$dir" -v preset="$preset" -v ranks="$ranks" -v sampling="${sampling:-shard}" '
 function curve_time(mode, rate, target,   f, line, a, t) {
   f = dir "/" mode "-" rate ".dat"; t = -1
   while ((getline line < f) > 0) { split(line, a, " "); if (t < 0 && a[2] + 0 <= target) t = a[1] + 0 }
@@ -41,7 +42,7 @@ END {
   }
   hdr = sprintf("%-20s %6s %9s %7s %8s %8s %8s %8s %8s %9s %9s %9s %8s %7s %7s", "mode", "link", "to target", "speed-up",
                 "final", "step", "wall", "compute", "comm", "steps 1-5", "link floor", "library", "kernel", "kern/lib", "wall")
-  print "== bench/wan" (preset != "" ? " (" preset ")" : "") ": " ranks " ranks/learners, same tokens; target (AdamW, last periodic validation): " (TG[1] != "" ? TG[1] : "none")
+  print "== bench/wan" (preset != "" ? " (" preset ")" : "") ": " ranks " ranks/learners, same tokens, " sampling " sampling; target (AdamW, last periodic validation): " (TG[1] != "" ? TG[1] : "none")
   print hdr
   print sprintf("%-20s %6s %9s %7s %8s %8s %8s %8s %8s %9s %9s %9s %8s %7s %7s", "", "Mbit/s", "s", "vs adamw", "val loss",
                 "s", "s/step", "s", "s", "s/step", "s/step", "MB", "MB", "", "s (load)")

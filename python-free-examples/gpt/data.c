@@ -124,18 +124,25 @@ static int fits(size_t n, int context, int world) {
   return n / 20 >= need && ntrain / (size_t)world >= need;
 }
 
-int corpus_check(const gpt_corpus *c, int context, int world, char *err, size_t errlen) {
-  if (fits(c->n, context, world)) return 0;
+int corpus_check(const gpt_corpus *c, int context, int world, gpt_sampling s, char *err, size_t errlen) {
+  const int parts = s == GPT_SAMPLE_GLOBAL ? 1 : world; /* how many pieces the training split is cut into */
+  if (fits(c->n, context, parts)) return 0;
   size_t min = 20 * ((size_t)context + 1);
-  while (!fits(min, context, world)) min++;
+  while (!fits(min, context, parts)) min++;
   snprintf(err, errlen,
            "data '%s' is too short: %zu bytes, but context %d with %d rank(s) needs at least %zu "
-           "(the last 5%% validates and each rank's training shard needs a window of context+1 bytes)",
-           c->source, c->n, context, world, min);
+           "(the last 5%% validates and %s needs a window of context+1 bytes)",
+           c->source, c->n, context, world, min,
+           s == GPT_SAMPLE_GLOBAL ? "the training split" : "each rank's training shard");
   return -1;
 }
 
-void corpus_shard(const gpt_corpus *c, int rank, int world, size_t *lo, size_t *hi) {
+void corpus_shard(const gpt_corpus *c, int rank, int world, gpt_sampling s, size_t *lo, size_t *hi) {
+  if (s == GPT_SAMPLE_GLOBAL) {
+    *lo = 0;
+    *hi = c->ntrain;
+    return;
+  }
   *lo = c->ntrain * (size_t)rank / (size_t)world;
   *hi = c->ntrain * (size_t)(rank + 1) / (size_t)world;
 }

@@ -10,6 +10,12 @@
 
 #define GPT_FORTUNES_DIR "/usr/share/games/fortunes"
 
+/* Where a rank draws its windows from. */
+typedef enum {
+  GPT_SAMPLE_GLOBAL = 0, /* the whole training split, each rank with its own random stream (IID ranks) */
+  GPT_SAMPLE_SHARD = 1   /* rank r: only the r-th contiguous 1/N of it (ranks see different text) */
+} gpt_sampling;
+
 typedef struct {
   uint8_t *bytes;
   size_t n;
@@ -23,12 +29,13 @@ typedef struct {
 int corpus_load(gpt_corpus *c, const char *path, char *err, size_t errlen);
 void corpus_free(gpt_corpus *c);
 
-/* 0 if every rank's training shard and the validation split hold at least
- * one window of context+1 bytes; else -1 and a message naming the minimum. */
-int corpus_check(const gpt_corpus *c, int context, int world, char *err, size_t errlen);
+/* 0 if the range every rank draws from and the validation split hold at
+ * least one window of context+1 bytes; else -1 and a message naming the
+ * minimum. */
+int corpus_check(const gpt_corpus *c, int context, int world, gpt_sampling s, char *err, size_t errlen);
 
-/* Rank r's shard of the training split: [lo, hi). */
-void corpus_shard(const gpt_corpus *c, int rank, int world, size_t *lo, size_t *hi);
+/* The part of the training split rank r draws from: [lo, hi). */
+void corpus_shard(const gpt_corpus *c, int rank, int world, gpt_sampling s, size_t *lo, size_t *hi);
 
 /* B windows of T+1 bytes drawn uniformly from [lo, hi): inputs are the first
  * T bytes of each, targets the last T. */

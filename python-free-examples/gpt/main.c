@@ -123,6 +123,9 @@ static void usage(FILE *f) {
 "  --steps N           optimizer steps (300)\n"
 "  --batch N           sequences per rank per step (8)\n"
 "  --seed N            initialisation and data order (1)\n"
+"  --sampling MODE     where each rank draws its windows: global (every rank from the whole\n"
+"                      training split, its own random stream) or shard (rank r from the r-th\n"
+"                      contiguous 1/N of it: ranks see different text) (global)\n"
 "  --ranks N           in-process ranks (2)\n"
 "  --threads N         OpenMP threads per rank (default: cores / ranks on this machine;\n"
 "                      with --mpi, the MPI ranks sharing this node)\n"
@@ -202,6 +205,7 @@ int main(int argc, char **argv) {
   c.beta1 = 0.9f;
   c.beta2 = 0.95f;
   c.seed = 1;
+  c.sampling = GPT_SAMPLE_GLOBAL;
   c.optim = GPT_OPT_DISTRO;
   c.topk = 32; /* the DisTrO settings come from the optimizer's row in compare.c */
   c.chunk = 64;
@@ -246,7 +250,7 @@ int main(int argc, char **argv) {
         "--resume", "--stop-after", "--plot", "--tsv", "--inner",    "--learners", "--ranks-per-learner",
         "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
         "--outer-codec", "--outer-block", "--merge", "--syncer", "--learner-id", "--step-delay-ms", "--time-limit",
-        "--start-step", "--density", "--sparse-chunk", "--dct", "--ef-beta", "--sparse-values",
+        "--start-step", "--sampling", "--density", "--sparse-chunk", "--dct", "--ef-beta", "--sparse-values",
         "--serve-endpoint", "--curve-server-key", "--curve-keypair", "--sync-timeout"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(a, valued[k]);
@@ -349,6 +353,11 @@ int main(int argc, char **argv) {
       ov.values = 1;
     } else if (!strcmp(a, "--steps")) rc = parse_int(a, v, 1, &c.steps);
     else if (!strcmp(a, "--batch")) rc = parse_int(a, v, 1, &c.batch);
+    else if (!strcmp(a, "--sampling")) {
+      if (!strcmp(v, "global")) c.sampling = GPT_SAMPLE_GLOBAL;
+      else if (!strcmp(v, "shard")) c.sampling = GPT_SAMPLE_SHARD;
+      else return bad("--sampling: '%s' is not one of global, shard%s", v, "");
+    }
     else if (!strcmp(a, "--seed")) {
       char *end;
       errno = 0;
@@ -514,9 +523,10 @@ int main(int argc, char **argv) {
       const int world = comm ? distro_comm_size(comm) : c.ranks;
       printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data.source, data.n, data.ntrain,
              data.n - data.ntrain);
-      printf("model: %d layers, dim %d, %d heads, context %d, %s head; %d %s rank(s), batch %d per rank\n",
+      printf("model: %d layers, dim %d, %d heads, context %d, %s head; %d %s rank(s), batch %d per rank, "
+             "%s sampling\n",
              c.model.layers, c.model.dim, c.model.heads, c.model.context, c.model.tied ? "tied" : "untied", world,
-             comm ? "MPI" : "in-process", c.batch);
+             comm ? "MPI" : "in-process", c.batch, c.sampling == GPT_SAMPLE_SHARD ? "shard" : "global");
       fflush(stdout);
     }
     if (compare) {

@@ -289,7 +289,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   /* Resume: parameters, this rank's optimizer state and RNG, the step. */
   const ckpt_meta meta = make_meta(c, world);
   size_t lo, hi;
-  corpus_shard(x->data, rank, world, &lo, &hi);
+  corpus_shard(x->data, rank, world, c->sampling, &lo, &hi);
   /* The data order: seed and rank only (a decoupled learner: also its id and first step). */
   gpt_rng rng = rng_make(c->seed, 1000 + (uint64_t)rank +
                                       (decoupled ? 100000 * (uint64_t)(c->learner_id + 1) +
@@ -674,7 +674,7 @@ int train_run(const train_config *cfg, const gpt_corpus *data, distro_comm *comm
   res->final_val = NAN;
   const int world = comm ? distro_comm_size(comm) : cfg->ranks;
   char err[1024];
-  if (corpus_check(data, cfg->model.context, world, err, sizeof err) != 0) {
+  if (corpus_check(data, cfg->model.context, world, cfg->sampling, err, sizeof err) != 0) {
     if (!comm || distro_comm_rank(comm) == 0) fprintf(stderr, "gpt: %s\n", err);
     return -1;
   }

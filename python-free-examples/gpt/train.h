@@ -22,6 +22,7 @@ typedef struct {
   float clip;        /* global-norm clipping of each rank's local gradient (0: off) */
   float wd, beta1, beta2;
   uint64_t seed;
+  gpt_sampling sampling; /* where each rank draws its windows from */
 
   /* optimizer */
   gpt_optim_kind optim;
