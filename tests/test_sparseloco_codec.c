@@ -1,7 +1,8 @@
 /* Sparse DiLoCo outer gradients (SparseLoCo), the pieces on the wire: the
  * INT2 value codec (error within half a scale, no decode of what no encoder
  * writes), the chunk views and the payload format (round trip, rejections).
- * The compressor and the outer step are in test_sparseloco.c. */
+ * The compressor and the outer step are in test_sparseloco_reference.c and
+ * test_sparseloco_runs.c. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
