@@ -7,7 +7,7 @@
 #
 #   bench/quality/run.sh [--build DIR] [--set NAME] [--sizes small,large,xl] [--seeds 1,2,3]
 #                        [--optims adamw,distro,distro-adamw,diloco] [--lr-scales 1]
-#                        [--wd X] [--sampling global|shard] [--ckpt-dir DIR] [--quick]
+#                        [--wd X] [--sampling global|shard] [--warmup F] [--ckpt-dir DIR] [--quick]
 #                        [--fresh] [--report]
 #
 # Results are data: one row per run in bench/quality/data/NAME.tsv (default
@@ -27,7 +27,12 @@
 # gpt-train's (where each rank draws its windows); a set keeps the mode it
 # was started with in NAME.meta (the sets measured before the option existed
 # say shard there), and a run asking for another mode is refused. A new set
-# takes --sampling, or the trainer's default, global.
+# takes --sampling, or the trainer's default, global. --warmup F gives every
+# run a linear warm-up over the fraction F of its steps (default: each
+# optimizer's own, which for adamw, distro and distro-adamw is 15% since
+# 2026-12-03 and was 5% for adamw and distro-adamw before); NAME.meta keeps
+# it too, and the sets from before the change say so there, so no run of
+# another schedule is added to them.
 # small: the demo model (4 layers, width 128, 842,496 parameters), 300 steps.
 # large: 5 layers, width 256, 8 heads (4,047,616 parameters), 900 steps.
 # xl:    7 layers, width 384, 6 heads (12.57 M parameters), 1800 steps.
@@ -36,7 +41,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-build=build set= sizes=small,large seeds=1,2,3 optims=adamw,distro,distro-adamw,diloco lrs=1 wd=0 sampling=
+build=build set= sizes=small,large seeds=1,2,3 optims=adamw,distro,distro-adamw,diloco lrs=1 wd=0 sampling= warmup=
 ckpt=${XDG_CACHE_HOME:-$HOME/.cache}/distro-quality
 quick=0 report=0 fresh=0
 while [ $# -gt 0 ]; do
@@ -49,6 +54,7 @@ while [ $# -gt 0 ]; do
     --lr-scales) lrs=$2; shift 2 ;;
     --wd) wd=$2; shift 2 ;;
     --sampling) sampling=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
     --ckpt-dir) ckpt=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --fresh) fresh=1; shift ;;
@@ -87,7 +93,16 @@ if [ -n "$had" ] && [ -n "$sampling" ] && [ "$had" != "$sampling" ]; then
   echo "quality: set $set was measured with --sampling $had; use another --set for $sampling" >&2; exit 2
 fi
 sampling=${sampling:-${had:-global}}
-echo "sampling=$sampling" > "$meta"
+if [ -n "$warmup" ] && ! awk -v f="$warmup" 'BEGIN {exit !(f + 0 >= 0 && f + 0 <= 1 && f ~ /^[0-9.]+$/)}'; then
+  echo "quality: --warmup must be a fraction of the steps in [0, 1]" >&2; exit 2
+fi
+# The label a set keeps for the trainer's own warm-ups (update it with them).
+schedule=${warmup:-"trainer default: adamw, distro, distro-adamw 15%"}
+hadw=$(sed -n 's/^warmup=//p' "$meta" 2> /dev/null || true)
+if [ -s "$results" ] && [ "$(wc -l < "$results")" -gt 1 ] && [ "$hadw" != "$schedule" ]; then
+  echo "quality: set $set was measured with warm-up '${hadw:-?}'; use another --set for '$schedule'" >&2; exit 2
+fi
+printf 'sampling=%s\nwarmup=%s\n' "$sampling" "$schedule" > "$meta"
 header="size	optimizer	lr	lr_scale	wd	seed	final_val	bytes_per_step	steps	params"
 if [ "$fresh" = 1 ] || [ ! -s "$results" ]; then
   echo "$header" > "$results"
@@ -146,6 +161,10 @@ for size in "${S[@]}"; do
           save="$save --resume $ck"; echo "[$k/$total] $tag: resuming from $ck"
         else
           rm -f "$out/$tag.csv" "$out/$tag.log"
+        fi
+        if [ -n "$warmup" ]; then
+          n=$(echo "$flags" | awk '{for (i = 1; i < NF; i++) if ($i == "--steps") n = $(i+1)} END {print n}')
+          extra="$extra --warmup $(awk -v n="$n" -v f="$warmup" 'BEGIN {printf "%d", n * f + 0.5}')"
         fi
         # shellcheck disable=SC2086
         if ! "$gpt" --optim "$gopt" --seed "$seed" $flags --lr "$lr" --wd "$wd" --sampling "$sampling" $extra --print-every 100000 \

@@ -14,10 +14,10 @@
 #define NO_DILOCO GPT_OPT_ADAMW, 0, 0, 0, DISTRO_OUTER_F32, 0.0f, 0.0f, DENSE_OUTER
 static const variant VARIANTS[] = {
     /* name          optimizer             lr       warmup chunk topk decay   values */
-    {"adamw",        GPT_OPT_ADAMW,        4e-3f,   0.05f, 0,    0,   0.0f,   DISTRO_VALUES_F32,   NO_DILOCO},
+    {"adamw",        GPT_OPT_ADAMW,        4e-3f,   0.15f, 0,    0,   0.0f,   DISTRO_VALUES_F32,   NO_DILOCO},
     {"distro",       GPT_OPT_DISTRO,       4e-3f,   0.15f, 32,   32,  0.999f, DISTRO_VALUES_SIGN1, NO_DILOCO},
     /* DisTrO-AdamW: the library's defaults with update = ADAMW, at the AdamW row's lr and warm-up. */
-    {"distro-adamw", GPT_OPT_DISTRO_ADAMW, 4e-3f,   0.05f, 32,   32,  0.999f, DISTRO_VALUES_INT8,  NO_DILOCO},
+    {"distro-adamw", GPT_OPT_DISTRO_ADAMW, 4e-3f,   0.15f, 32,   32,  0.999f, DISTRO_VALUES_INT8,  NO_DILOCO},
     {"distro-ref",   GPT_OPT_DISTRO,       2e-3f,   0.05f, 64,   32,  0.999f, DISTRO_VALUES_F32,   NO_DILOCO},
     /* DiLoCo: 4 learners with AdamW inside (no DisTrO settings), outer lr 1 without momentum (README.md);
      * the first row is also the default of --optim diloco.
