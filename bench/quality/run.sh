@@ -32,7 +32,9 @@
 # optimizer's own, which for adamw, distro and distro-adamw is 15% since
 # 2026-12-03 and was 5% for adamw and distro-adamw before); NAME.meta keeps
 # it too, and the sets from before the change say so there, so no run of
-# another schedule is added to them.
+# another schedule is added to them. NAME.meta also names the CPU (model,
+# widest vector ISA, cores): a set is one machine's, and a run on another
+# CPU is refused.
 # small: the demo model (4 layers, width 128, 842,496 parameters), 300 steps.
 # large: 5 layers, width 256, 8 heads (4,047,616 parameters), 900 steps.
 # xl:    7 layers, width 384, 6 heads (12.57 M parameters), 1800 steps.
@@ -77,6 +79,8 @@ if [ "$report" = 1 ]; then
     [ -s "$f" ] || { echo "quality: --report: no data in $f" >&2; exit 1; }
     rows+=("$f"); [ -s "${f%.tsv}.curves.tsv" ] && curves+=("${f%.tsv}.curves.tsv")
   done
+  m=$data/${set:-main}.meta
+  if [ -s "$m" ]; then echo "Set ${set:-main}: $(paste -sd ';' "$m" | sed 's/;/; /g')"; echo; fi
   exec "$here/report.sh" --figure "$(figure "${set:-main}")" "${rows[@]}" -- "${curves[@]}"
 fi
 
@@ -102,7 +106,23 @@ hadw=$(sed -n 's/^warmup=//p' "$meta" 2> /dev/null || true)
 if [ -s "$results" ] && [ "$(wc -l < "$results")" -gt 1 ] && [ "$hadw" != "$schedule" ]; then
   echo "quality: set $set was measured with warm-up '${hadw:-?}'; use another --set for '$schedule'" >&2; exit 2
 fi
-printf 'sampling=%s\nwarmup=%s\n' "$sampling" "$schedule" > "$meta"
+# The CPU a set ran on (other CPUs round differently, so a set is one
+# machine's): a set with rows from before this was kept says so, and takes
+# runs from any machine.
+cpu="$(lscpu 2> /dev/null | sed -n 's/^Model name: *//p' | head -n 1)"
+cpu="${cpu:-unknown} ($(grep -qw avx512f /proc/cpuinfo 2> /dev/null && echo avx512f ||
+  { grep -qw avx2 /proc/cpuinfo 2> /dev/null && echo avx2 || echo "no avx2"; }), $(nproc) cores)"
+hadc=$(sed -n 's/^cpu=//p' "$meta" 2> /dev/null || true)
+if [ -s "$results" ] && [ "$(wc -l < "$results")" -gt 1 ]; then
+  if [ -z "$hadc" ]; then hadc="not recorded (before 2026-12-03)"; fi
+  case "$hadc" in
+    "not recorded"*) ;;
+    "$cpu") ;;
+    *) echo "quality: set $set ran on '$hadc', this is '$cpu'; use another --set" >&2; exit 2 ;;
+  esac
+  cpu=$hadc
+fi
+printf 'sampling=%s\nwarmup=%s\ncpu=%s\n' "$sampling" "$schedule" "$cpu" > "$meta"
 header="size	optimizer	lr	lr_scale	wd	seed	final_val	bytes_per_step	steps	params"
 if [ "$fresh" = 1 ] || [ ! -s "$results" ]; then
   echo "$header" > "$results"
