@@ -29,7 +29,7 @@ deps_dir=$root/.gpu-deps
 if [ "${1:-}" = "--prepare" ]; then
   mkdir -p "$deps_dir"
   grep -qx '/.gpu-deps/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu-deps/' >>"$root/.git/info/exclude"
-  (cd "$deps_dir" && apt-get download libopenblas0-pthread libopenblas-pthread-dev libgfortran5 \
+  (cd "$deps_dir" && apt-get download libopenblas0-pthread libopenblas-pthread-dev libgfortran5 libquadmath0 \
                                       pkgconf pkgconf-bin libpkgconf3)
   ls -l "$deps_dir"
   echo "carry: .gpu-deps (run: bench/gpu-check.sh OUTDIR on the GPU machine)"
