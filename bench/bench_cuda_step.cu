@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
   printf("BENCH_CONFIG chunk=%d topk=%d values=%s wire=v%d dct=%s\n", o.chunk, o.topk, values_name, o.wire_version,
          dct_name);
 
-  std::vector<double> tr, tk, ex, de, tot;
+  std::vector<double> tr, tk, ex, de, tot, co;
   uint64_t sent = 0;
   for (int it = 0; it < warmup + steps; it++) {
     fill<<<4096, 256, 0, s>>>(g, n, 1000 + (uint64_t)it, 1.0f);
@@ -183,6 +183,7 @@ int main(int argc, char **argv) {
     ex.push_back(st.seconds_exchange);
     de.push_back(st.seconds_decode);
     tot.push_back(st.seconds_total);
+    co.push_back(st.seconds_codec);
     sent = st.bytes_sent;
   }
   const double bw_after = copy_bandwidth((size_t)2 << 30, s);
@@ -201,7 +202,8 @@ int main(int argc, char **argv) {
   const double N = (double)n, sel = 8.0 * (double)n * o.topk / (double)(o.chunk * o.chunk);
   const int exact = dct == DISTRO_CUDA_DCT_EXACT;
   const double b_tr = (exact ? 12 : 28) * N, b_tk = 4 * N + sel, b_de = (exact ? 8 : 44) * N + sel, floor_b = 20 * N;
-  const double t_tr = median(tr), t_tk = median(tk), t_ex = median(ex), t_de = median(de), t_tot = median(tot);
+  const double t_tr = median(tr), t_tk = median(tk), t_ex = median(ex), t_de = median(de), t_tot = median(tot),
+               t_co = median(co);
   const double floor_t = floor_b / bw;
   printf("copy bandwidth: %.0f GB/s before, %.0f GB/s after (read + write)\n", bw_before / 1e9, bw_after / 1e9);
   printf("payload: %llu bytes sent per step (bound %llu)\n", (unsigned long long)sent, (unsigned long long)bound);
@@ -212,6 +214,7 @@ int main(int argc, char **argv) {
   printf("%-34s %10.2f %10s %10s\n", "exchange", t_ex * 1e3, "-", "-");
   printf("%-34s %10.2f %10.2f %10.0f\n", "decode (+ aggregate, inv DCT, upd)", t_de * 1e3, b_de / 1e9,
          b_de / t_de / 1e9);
+  printf("%-34s %10.2f %10s %10s\n", "  of which host codec (enc + dec)", t_co * 1e3, "-", "-");
   printf("%-34s %10.2f %10.2f %10.0f\n", "step total", t_tot * 1e3, (b_tr + b_tk + b_de) / 1e9,
          (b_tr + b_tk + b_de) / t_tot / 1e9);
   printf("%-34s %10.2f %10.2f %10.0f\n", "memory floor (20 B/param)", floor_t * 1e3, floor_b / 1e9, bw / 1e9);

@@ -533,6 +533,7 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   double t0 = distro__now();
   size_t size = distro__payload_encode(h, bad);
   s->seconds_topk += distro__now() - t0;
+  s->seconds_codec += distro__now() - t0;
   if (size == 0) {
     distro__fail(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
     return demo_join_failed(o, DISTRO_ERR_PAYLOAD, s);

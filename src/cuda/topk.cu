@@ -80,9 +80,17 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(float *coef, int64_t col
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += kThreads) hist[b] = 0;
     __syncthreads();
-    for (int e = threadIdx.x; e < n; e += kThreads) {
-      const uint32_t m = cache ? smag[e] : distro__hd_mag(coef[tile.at(e)]);
-      if ((m & mask) == prefix) atomicAdd(&hist[(m >> shift) & 0xffu], 1);
+    // Lanes of a warp that fall into one bin add once (most magnitudes of a
+    // tile share their top byte): far fewer shared atomics on one address.
+    for (int base = 0; base < n; base += kThreads) {
+      const int e = base + threadIdx.x;
+      uint32_t key = 0xffffffffu;  // not counted (past the tile or another prefix)
+      if (e < n) {
+        const uint32_t m = cache ? smag[e] : distro__hd_mag(coef[tile.at(e)]);
+        if ((m & mask) == prefix) key = (m >> shift) & 0xffu;
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, key);
+      if (key != 0xffffffffu && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[key], __popc(peers));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
