@@ -4,6 +4,10 @@
 
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 /* Reflected table for polynomial 0x82f63b78. */
 static const uint32_t crc32c_table[256] = {
     0x00000000u, 0xf26b8303u, 0xe13b70f7u, 0x1350f3f4u, 0xc79a971fu, 0x35f1141cu,
@@ -72,12 +76,64 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw_update(uint32_t crc,
 }
 #endif
 
-uint32_t distro__crc32c_update(uint32_t crc, const void *data, size_t n) {
+/* One pass over the buffer on this thread. */
+static uint32_t crc32c_serial(uint32_t crc, const uint8_t *p, size_t n) {
   crc = ~crc;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("sse4.2")) return ~crc32c_hw_update(crc, data, n);
+  if (__builtin_cpu_supports("sse4.2")) return ~crc32c_hw_update(crc, p, n);
 #endif
-  return ~crc32c_table_update(crc, data, n);
+  return ~crc32c_table_update(crc, p, n);
+}
+
+/* GF(2) polynomial arithmetic modulo the CRC polynomial, in the reflected
+ * bit order of the checksum (bit 31 is x^0). a * b mod P: */
+static uint32_t crc32c_mulmod(uint32_t a, uint32_t b) {
+  uint32_t prod = 0;
+  for (uint32_t bit = 1u << 31; bit; bit >>= 1) {
+    if (a & bit) prod ^= b;
+    b = (b & 1u) ? (b >> 1) ^ 0x82f63b78u : b >> 1; /* b *= x */
+  }
+  return prod;
+}
+
+/* x^(8 n) mod P: the shift that moves a checksum past n zero bytes. */
+static uint32_t crc32c_shift(size_t n) {
+  uint32_t result = 1u << 31, sq = 1u << 23; /* 1 and x^8 */
+  for (; n; n >>= 1) {
+    if (n & 1) result = crc32c_mulmod(result, sq);
+    sq = crc32c_mulmod(sq, sq);
+  }
+  return result;
+}
+
+/* The checksum of A followed by B from crc(A), crc(B) and B's length: the
+ * pre- and post-inversion cancel, so crc(AB) = crc(A) x^(8|B|) + crc(B). */
+static uint32_t crc32c_combine(uint32_t a, uint32_t b, size_t bn) { return crc32c_mulmod(crc32c_shift(bn), a) ^ b; }
+
+/* Payloads of tens of MB are checksummed on every send and every receive:
+ * large buffers are split over the caller's OpenMP threads and the parts
+ * combined, which gives the same value as one pass. */
+enum { CRC32C_PARALLEL_MIN = 1 << 20, CRC32C_PART_MIN = 1 << 18 };
+
+uint32_t distro__crc32c_update(uint32_t crc, const void *data, size_t n) {
+  const uint8_t *p = data;
+#ifdef _OPENMP
+  int parts = n >= CRC32C_PARALLEL_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
+#else
+  int parts = 1; /* built without OpenMP (the fuzz targets) */
+#endif
+  if ((size_t)parts > n / CRC32C_PART_MIN) parts = (int)(n / CRC32C_PART_MIN);
+  if (parts <= 1) return crc32c_serial(crc, p, n);
+  uint32_t part_crc[64];
+  if (parts > 64) parts = 64;
+  const size_t each = (n / (size_t)parts) & ~(size_t)7;
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+  for (int i = 0; i < parts; i++) {
+    const size_t off = (size_t)i * each, len = i == parts - 1 ? n - off : each;
+    part_crc[i] = crc32c_serial(0, p + off, len);
+  }
+  for (int i = 0; i < parts; i++) crc = crc32c_combine(crc, part_crc[i], i == parts - 1 ? n - (size_t)i * each : each);
+  return crc;
 }
 
 uint32_t distro__crc32c(const void *data, size_t n) { return distro__crc32c_update(0, data, n); }

@@ -133,6 +133,11 @@ static void free_device_state(distro_cuda_optim *o) {
     cudaHostUnregister(h->dec_val);
     o->dec_registered = 0;
   }
+  if (o->io_registered) {
+    cudaHostUnregister(h->send);
+    cudaHostUnregister(h->recv);
+    o->io_registered = 0;
+  }
   cudaFree(o->d_sel_idx);
   cudaFree(o->d_sel_val);
   cudaFreeHost(o->h_sel_idx);
@@ -342,6 +347,15 @@ distro_status distro__cuda_optim_prepare(distro_cuda_optim *o) {
       o->dec_registered = 1;
     else
       cudaHostUnregister(h->dec_idx);
+  }
+  /* So are the payload buffers over NCCL, which copies them to and from the
+   * device every step (tens of MB at a 1B-parameter size). */
+  if (o->nccl && !h->opt.overlap && h->slot &&
+      cudaHostRegister(h->send, h->slot, cudaHostRegisterDefault) == cudaSuccess) {
+    if (cudaHostRegister(h->recv, h->slot * (size_t)world, cudaHostRegisterDefault) == cudaSuccess)
+      o->io_registered = 1;
+    else
+      cudaHostUnregister(h->send);
   }
   (void)cudaGetLastError(); /* a refused registration is not an error */
   for (int i = 0; i < h->nparams; i++) {

@@ -56,6 +56,7 @@ struct distro_cuda_optim {
   uint32_t *d_dec_idx;             /* world x total_sel: decoded selections */
   float *d_dec_val;
   int dec_registered;              /* host dec arrays are page-locked */
+  int io_registered;               /* the host payload buffers are page-locked (NCCL copies them) */
   uint8_t *d_dropped;
   int *d_flags, *h_flags;          /* per tensor: non-finite gradient; one more slot (AdamW: overflow) */
   float *d_flat, *h_flat;          /* AdamW baseline: all gradients + 1 flag; h_flat stages a CPU comm */
