@@ -23,6 +23,12 @@
 #include "optim/optim_internal.h"
 #include "optim/step_rule.h"
 
+/* Blocks per multiprocessor of the tile kernels, each with a slice of global
+ * work memory (a build-time knob for measuring, bench/gpu-check.sh). */
+#ifndef DISTRO__CUDA_BLOCKS_PER_SM
+#define DISTRO__CUDA_BLOCKS_PER_SM 4
+#endif
+
 distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *comm, cudaStream_t stream,
                                        distro_cuda_optim **out) {
   distro_status st = DISTRO_OK;
@@ -300,7 +306,7 @@ distro_status distro__cuda_optim_prepare(distro_cuda_optim *o) {
     int dev = 0, sms = 0;
     DISTRO_CUDA_TRY(cudaGetDevice(&dev));
     DISTRO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    o->max_blocks = 4 * (sms > 0 ? sms : 1);
+    o->max_blocks = DISTRO__CUDA_BLOCKS_PER_SM * (sms > 0 ? sms : 1);
     /* distro__hd_tile_work / _iwork of the largest tile, bounded by max_tile and max_h */
     DISTRO_CUDA_TRY(cudaMalloc((void **)&o->tile_work,
                                sizeof(float) * (size_t)o->max_blocks * (size_t)(10 * max_tile + 64)));
