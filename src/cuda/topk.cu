@@ -7,7 +7,8 @@
 // then writes the selection with indices ascending and zeroes it in coef.
 // Integer shared-memory atomics only (histograms), so results are exact.
 // The decisions (magnitude bits, the byte of each pass) are step_math.h's,
-// which test_cuda_host checks against topk.c on the CPU.
+// which test_cuda_host checks against topk.c on the CPU; the byte of each
+// pass is picked by one warp (warp_pick), equal to distro__hd_radix_pick.
 #include <cstdint>
 
 #include "cuda/cuda_internal.h"
@@ -48,6 +49,45 @@ __device__ int block_scan(int x, int *total, int *warp_sums) {
   *total = warp_sums[kWarps - 1];
   __syncthreads();  // warp_sums is reused by the next call
   return before + v - x;
+}
+
+// distro__hd_radix_pick on one warp: the bins from 255 down, 8 a lane; the
+// first bin b >= 1 at which the count from the top reaches `need` extends
+// the prefix (b = 0 when none does), and the new need is what is left of it
+// after the bins above b. Integer sums: the same answer as the serial scan,
+// without one thread walking up to 255 bins while the block waits.
+__device__ void warp_pick(const int *hist, int need, int shift, uint32_t prefix, uint32_t *out_prefix, int *out_need) {
+  const int lane = threadIdx.x & 31;
+  int cnt[8], tot = 0;
+  for (int j = 0; j < 8; j++) {
+    cnt[j] = hist[255 - 8 * lane - j];
+    tot += cnt[j];
+  }
+  int incl = tot;  // inclusive sum over lanes (bins from the top)
+  for (int d = 1; d < 32; d <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += y;
+  }
+  const int all = __shfl_sync(0xffffffffu, incl, 31);
+  int above = incl - tot, hit = -1, hit_above = 0;
+  for (int j = 0; j < 8; j++) {
+    const int b = 255 - 8 * lane - j;
+    if (hit < 0 && b >= 1 && above + cnt[j] >= need) {
+      hit = b;
+      hit_above = above;
+    }
+    above += cnt[j];
+  }
+  const unsigned hits = __ballot_sync(0xffffffffu, hit >= 0);
+  if (hits == 0) {  // bin 0: everything above it is in
+    if (lane == 0) {
+      *out_prefix = prefix;
+      *out_need = need - (all - hist[0]);
+    }
+  } else if (lane == __ffs(hits) - 1) {
+    *out_prefix = prefix | (uint32_t)hit << shift;
+    *out_need = need - hit_above;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) topk_kernel(float *coef, int64_t cols, int h, int w, int64_t tiles_c,
@@ -93,11 +133,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(float *coef, int64_t col
       if (key != 0xffffffffu && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[key], __popc(peers));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      uint32_t p = prefix;
-      s_need = distro__hd_radix_pick(hist, need, shift, &p);
-      s_prefix = p;
-    }
+    if (threadIdx.x < 32) warp_pick(hist, need, shift, prefix, &s_prefix, &s_need);
     __syncthreads();
     prefix = s_prefix;
     need = s_need;
