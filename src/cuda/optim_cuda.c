@@ -24,7 +24,7 @@
 #include "optim/step_rule.h"
 
 /* Blocks per multiprocessor of the tile kernels, each with a slice of global
- * work memory (a build-time knob for measuring, bench/gpu-check.sh). */
+ * work memory (a build-time knob for measuring: bench/gpu-sweep-blocks.sh). */
 #ifndef DISTRO__CUDA_BLOCKS_PER_SM
 #define DISTRO__CUDA_BLOCKS_PER_SM 4
 #endif
