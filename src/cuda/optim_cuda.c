@@ -552,8 +552,9 @@ static distro_status demo_step(distro_cuda_optim *o, float lr, distro_step_stats
   /* Encode, exchange, validate and decode: the CPU path's code. */
   double t0 = distro__now();
   size_t size = distro__payload_encode(h, bad);
-  s->seconds_topk += distro__now() - t0;
-  s->seconds_codec += distro__now() - t0;
+  const double encode = distro__now() - t0;
+  s->seconds_topk += encode;
+  s->seconds_codec += encode;
   if (size == 0) {
     distro__fail(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
     return demo_join_failed(o, DISTRO_ERR_PAYLOAD, s);
