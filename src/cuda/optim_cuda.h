@@ -1,6 +1,6 @@
 /* Internal: the GPU optimizer's state (struct distro_cuda_optim), shared by
- * optim_cuda.c (create, device state, the step) and optim_cuda_io.c (save,
- * load). */
+ * optim_cuda.c (create, device state, the step), adamw_cuda.c (the AdamW
+ * baseline) and optim_cuda_io.c (save, load). */
 #ifndef DISTRO_CUDA_OPTIM_CUDA_H
 #define DISTRO_CUDA_OPTIM_CUDA_H
 
@@ -80,5 +80,17 @@ struct distro_cuda_optim {
 /* Allocates the device state once (before the first step, a save or a
  * load); a no-op afterwards. */
 distro_status distro__cuda_optim_prepare(distro_cuda_optim *o);
+
+/* Seconds between two recorded events (0 if either is missing). */
+static inline float distro__cuda_elapsed(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) ms = 0;
+  return ms * 1e-3f;
+}
+
+/* The AdamW all-reduce baseline's step (adamw_cuda.c), and its join of a
+ * step that failed locally so that every rank fails it. */
+distro_status distro__cuda_adamw_step(distro_cuda_optim *o, float lr, distro_step_stats *s, int want_stats);
+distro_status distro__cuda_adamw_join_failed(distro_cuda_optim *o, distro_status why);
 
 #endif
