@@ -81,7 +81,10 @@ static void *run_rank(void *arg) {
     distro_step_stats s;
     memset(&s, 0, sizeof s);
     const int fails = J->rank == 1 && call == J->fail_call;
+    const distro__ramp ramp = hopt->ramp; /* as distro_cuda_optim_step does around the step */
+    distro__ramp_observe(&hopt->ramp, lr);
     J->st[call] = distro__overlap_ext_step(hopt, fails ? &bad_ops : &ok_ops, lr, &s);
+    if (J->st[call] != DISTRO_OK) hopt->ramp = ramp;
     snprintf(J->msg[call], sizeof J->msg[call], "%s", distro_last_error());
     if (!ref) continue;
     if (J->st[call] != DISTRO_OK) FAIL("emulated call %d: %s", call, J->msg[call]);

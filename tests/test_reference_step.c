@@ -43,6 +43,10 @@ static dr_config ref_config(const distro_options *o) {
   return c;
 }
 
+/* 0: every run's lr rises at every step; W > 0: a linear warm-up over W
+ * steps, then a decay (the test below that sets it). */
+static int warmup_steps = 0;
+
 /* Runs the library and the reference side by side and tallies every
  * parameter of every rank after every step. Also checks the step stats. */
 static void run_compare(const char *label, distro_options opt, double lr, int world, int steps,
@@ -58,7 +62,10 @@ static void run_compare(const char *label, distro_options opt, double lr, int wo
   x.ndims = ndims;
   x.shapes = shapes;
   cr_assert_eq(dr_run_prepare(&x, seed, 1.0), 0, "out of memory");
-  for (int s = 0; s < steps; s++) x.lrs[s] = lr * (1.0 + 0.25 * s); /* a schedule */
+  for (int s = 0; s < steps; s++) /* a schedule: rising throughout, or a warm-up then a decay */
+    x.lrs[s] = !warmup_steps ? lr * (1.0 + 0.25 * s)
+               : s < warmup_steps ? lr * (s + 1) / warmup_steps
+                                  : lr * (1.0 - 0.05 * (s + 1 - warmup_steps));
   distro_status st = dr_run_exec(&x);
   int er = 0;
   while (er < world - 1 && !x.err[er][0]) er++;
@@ -266,6 +273,15 @@ Test(reference_step, sign_f32_chunk32_topk4, .timeout = 120) {
 
 Test(reference_step, adamw_update_f32_world_1_to_4, .timeout = 120) {
   sweep("adamw-update/f32", demo_opts(DISTRO_UPDATE_ADAMW, DISTRO_VALUES_F32), 1e-3, 1, 4, 6);
+}
+
+/* DisTrO-AdamW's stretched warm-up (step_rule.h) against the reference's
+ * own reading of the lr history: a 5-step rise (step 5, the first the
+ * rectification lets move, at two thirds), then t / 7.5 of the step
+ * through step 7 while the lr decays, then the full step. */
+Test(reference_step, adamw_update_warmup_then_decay, .timeout = 120) {
+  warmup_steps = 5;
+  sweep("adamw-update/f32/warm-up", demo_opts(DISTRO_UPDATE_ADAMW, DISTRO_VALUES_F32), 1e-3, 1, 2, 12);
 }
 
 Test(reference_step, adamw_baseline_world_1_to_4, .timeout = 120) {

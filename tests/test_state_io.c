@@ -36,12 +36,16 @@ static void model_free(model *m) {
   free(m);
 }
 
+/* A 4-step linear warm-up: DisTrO-AdamW's step depends on the whole lr
+ * history (its stretched warm-up), which a resumed run must not lose. */
+static float lr_at(int s) { return s < 4 ? 0.0025f * (float)(s + 1) : 0.01f; }
+
 static void steps(model *m, uint64_t seed, int from, int to) {
   for (int s = from; s < to; s++) {
     tu_rng r = {seed + (uint64_t)s};
     tu_fill_normal(&r, m->g1, N1, 1.0f);
     tu_fill_normal(&r, m->g2, N2, 1.0f);
-    cr_assert_eq(distro_optim_step(m->o, 0.01f, NULL), DISTRO_OK, "%s", distro_last_error());
+    cr_assert_eq(distro_optim_step(m->o, lr_at(s), NULL), DISTRO_OK, "%s", distro_last_error());
   }
 }
 
@@ -56,13 +60,13 @@ static void round_trip(distro_options opt) {
   tmp_path();
   uint64_t seed = tu_seed();
   model *a = model_new(opt, 96), *b = model_new(opt, 96);
-  steps(a, seed, 0, 3);
+  steps(a, seed, 0, 3); /* saved while the lr still rises */
   cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK, "%s", distro_last_error());
   memcpy(b->p1, a->p1, sizeof a->p1);
   memcpy(b->p2, a->p2, sizeof a->p2);
   cr_assert_eq(distro_optim_load(b->o, path), DISTRO_OK, "%s", distro_last_error());
-  steps(a, seed, 3, 6);
-  steps(b, seed, 3, 6);
+  steps(a, seed, 3, 10); /* through the stretched warm-up (steps 5-6) */
+  steps(b, seed, 3, 10);
   same_params(a, b, "resumed run differs from the uninterrupted one");
   char tmpname[300];
   snprintf(tmpname, sizeof tmpname, "%s.tmp.%d", path, (int)getpid());
@@ -107,6 +111,11 @@ Test(state_io, momentum_file_layout) {
   FILE *f = fopen(path, "rb");
   cr_assert(f);
   cr_assert_eq(fseek(f, 8 + 4 + 24 + 8, SEEK_SET), 0);
+  float lr_last;
+  int64_t seen, rise; /* the warm-up record: one step seen, its lr still rising */
+  cr_assert(fread(&lr_last, 4, 1, f) == 1 && fread(&seen, 8, 1, f) == 1 && fread(&rise, 8, 1, f) == 1);
+  cr_assert(lr_last == lr && seen == 1 && rise == 0, "warm-up record: lr %g, %lld seen, rise %lld", (double)lr_last,
+            (long long)seen, (long long)rise);
   const struct {
     const float *g;
     int64_t rows, cols, h, w;

@@ -454,7 +454,7 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_UPLOADED], S));
   const float shrink = 1.0f - lr * h->opt.weight_decay;
   /* demo.c: DisTrO-AdamW's rectified step for this step's aggregate */
-  const float step = sign_update ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr);
+  const float step = sign_update ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr, &h->ramp);
   for (int i = 0; i < h->nparams; i++) {
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;
@@ -657,6 +657,8 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
     return h->opt.algorithm == DISTRO_ALG_DEMO ? demo_join_failed(o, DISTRO_ERR_CUDA, &s)
                                                : distro__cuda_adamw_join_failed(o, DISTRO_ERR_CUDA);
   }
+  const distro__ramp ramp = h->ramp; /* restored if the step fails */
+  distro__ramp_observe(&h->ramp, lr);
   if (h->ov) {
     st = overlap_step(o, lr, &s, stats != NULL); /* counts its own steps */
   } else {
@@ -664,7 +666,10 @@ distro_status distro_cuda_optim_step(distro_cuda_optim *o, float lr, distro_step
                                              : distro__cuda_adamw_step(o, lr, &s, stats != NULL);
     if (st == DISTRO_OK) h->step++;
   }
-  if (st != DISTRO_OK) return st;
+  if (st != DISTRO_OK) {
+    h->ramp = ramp;
+    return st;
+  }
   s.step = h->step;
   s.seconds_total = distro__now() - t0;
   if (stats) *stats = s;

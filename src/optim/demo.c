@@ -397,7 +397,7 @@ void distro__demo_apply(distro_optim *o, int agg, float lr, int64_t t, float ahe
   /* Every rank applies the same aggregate: each element moves by the sign
    * of Q, lr for DeMo and the rectified DISTRO__ADAMW_SIGN_STEP lr for
    * DisTrO-AdamW (t: the step the aggregate belongs to). */
-  const float step = sign_update ? lr : distro__adamw_sign_step(o->opt.beta2, t, lr);
+  const float step = sign_update ? lr : distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp);
   memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
   const double t0 = distro__now();
 #pragma omp parallel num_threads(nt)

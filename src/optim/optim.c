@@ -329,10 +329,15 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
    * the caller's setting comes back on return. */
   const int caller_threads = omp_get_max_threads();
   if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
+  const distro__ramp ramp = o->ramp; /* restored if the step fails */
+  distro__ramp_observe(&o->ramp, lr);
   if (o->ov) st = distro__overlap_step(o, lr, &s); /* counts its own steps */
   else st = o->opt.algorithm == DISTRO_ALG_DEMO ? distro__demo_step(o, lr, &s) : distro__adamw_step(o, lr, &s);
   if (o->opt.threads > 0) omp_set_num_threads(caller_threads);
-  if (st != DISTRO_OK) return st;
+  if (st != DISTRO_OK) {
+    o->ramp = ramp;
+    return st;
+  }
   if (!o->ov) o->step++;
   s.step = o->step;
   s.seconds_total = distro__now() - t0;

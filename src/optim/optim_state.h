@@ -11,6 +11,7 @@
 #include "compress/dct.h"
 #include "compress/wire.h"
 #include "compress/wire2.h"
+#include "optim/step_rule.h"
 
 #define DISTRO__MAX_NDIM 8
 
@@ -69,6 +70,7 @@ struct distro_optim {
   int mom_tiled;       /* mom is tile by tile (the CPU step; the GPU keeps the tensor's layout) */
   int verified;        /* tensor lists agreed across ranks */
   int64_t step;        /* completed steps */
+  distro__ramp ramp;   /* DisTrO-AdamW: the caller's lr schedule as seen so far (step_rule.h) */
   int64_t max_numel;
   int64_t total_numel;
   distro__tiling *tilings; /* copy of each param's tiling, for the wire */

@@ -5,9 +5,14 @@
  * i64 shape[ndim], then its arrays (DeMo momentum, and DisTrO-AdamW's v;
  * the AdamW baseline's m and v) as little-endian float32 | u32 CRC32C of
  * everything before. Version 2: DisTrO-AdamW keeps no first moment.
+ * Version 3 adds, after the step, the warm-up seen so far (step_rule.h):
+ * f32 lr of the latest step | i64 steps observed | i64 steps of the rise
+ * (0: still rising). Version 2 files still load, as if the warm-up were
+ * over (a state saved after the rise resumes as it would have run before).
  * Saves go to a temporary file that is synced and renamed over the target,
  * so a crash leaves either the old or the new file. Loads verify everything
  * into fresh buffers and swap them in only at the end. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +22,7 @@
 #include "optim/optim_internal.h"
 
 #define STATE_MAGIC "DSTROPT"
-#define STATE_VERSION 2u
+#define STATE_VERSION 3u
 
 int distro__state_arrays(const distro_options *o, distro__state_array out[3]) {
   int n = 0;
@@ -114,6 +119,11 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
                      (uint32_t)o->opt.chunk, (uint32_t)o->opt.topk, (uint32_t)o->nparams};
   for (int i = 0; i < 6; i++) distro__afile_u32(&w, hdr[i]);
   distro__afile_u64(&w, (uint64_t)o->step);
+  uint32_t lr_bits;
+  memcpy(&lr_bits, &o->ramp.lr_last, 4);
+  distro__afile_u32(&w, lr_bits);
+  distro__afile_u64(&w, (uint64_t)o->ramp.seen);
+  distro__afile_u64(&w, (uint64_t)o->ramp.rise);
   distro__state_array kinds[3];
   const int arrays = distro__state_arrays(&o->opt, kinds);
   for (int i = 0; i < o->nparams; i++) {
@@ -145,9 +155,19 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   DISTRO_CHECK(distro__rfile_read(&r, magic, 8));
   if (memcmp(magic, STATE_MAGIC, 8) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s' is not a distro optimizer state file", path);
   DISTRO_CHECK(distro__rfile_read(&r, &version, 4));
-  if (version != STATE_VERSION) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': unsupported state version %u", path, version);
+  if (version != STATE_VERSION && version != 2u)
+    DISTRO_FAIL(DISTRO_ERR_IO, "'%s': unsupported state version %u", path, version);
   for (int i = 0; i < 6; i++) DISTRO_CHECK(distro__rfile_read(&r, &hdr[i], 4));
   DISTRO_CHECK(distro__rfile_read(&r, &step, 8));
+  distro__ramp ramp = {0.0f, step, step > 0}; /* version 2: the warm-up is over */
+  if (version == STATE_VERSION) {
+    DISTRO_CHECK(distro__rfile_read(&r, &ramp.lr_last, 4));
+    DISTRO_CHECK(distro__rfile_read(&r, &ramp.seen, 8));
+    DISTRO_CHECK(distro__rfile_read(&r, &ramp.rise, 8));
+    if (!(isfinite(ramp.lr_last) && ramp.lr_last >= 0) || ramp.seen < 0 || ramp.rise < 0 || ramp.rise > ramp.seen)
+      DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt warm-up record (lr %g, %lld steps seen, rise %lld)", path,
+                  (double)ramp.lr_last, (long long)ramp.seen, (long long)ramp.rise);
+  }
   if (hdr[0] != (uint32_t)o->opt.algorithm || hdr[1] != (uint32_t)o->opt.update)
     DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved by a different algorithm or update rule", path);
   if (o->opt.algorithm == DISTRO_ALG_DEMO && (hdr[3] != (uint32_t)o->opt.chunk || hdr[4] != (uint32_t)o->opt.topk))
@@ -182,6 +202,7 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
     }
   }
   o->step = step;
+  o->ramp = ramp;
   free(fresh);
   return DISTRO_OK;
 fail:

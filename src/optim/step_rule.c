@@ -18,3 +18,17 @@ double distro__adamw_step_scale(double beta2, int64_t t) {
   if (!(rt > 4.0)) return 0.0;
   return DISTRO__ADAMW_SIGN_STEP * sqrt((rt - 4.0) * (rt - 2.0) * rinf / ((rinf - 4.0) * (rinf - 2.0) * rt));
 }
+
+void distro__ramp_observe(distro__ramp *r, float lr) {
+  r->seen++;
+  /* The rise ends at the first step whose lr is not above the one before. */
+  if (r->rise == 0 && r->seen > 1 && !(lr > r->lr_last)) r->rise = r->seen - 1;
+  r->lr_last = lr;
+}
+
+double distro__ramp_scale(const distro__ramp *r, int64_t t) {
+  const double k = DISTRO__ADAMW_WARMUP_STRETCH;
+  if (r->rise == 0 || t <= r->rise) return 1.0 / k; /* within the caller's rise */
+  const double f = (double)t / (k * (double)r->rise);
+  return f < 1.0 ? f : 1.0;
+}

@@ -20,10 +20,34 @@
  * multiplies, divides and a square root only, so every rank and device gets
  * the same bits. */
 double distro__adamw_step_scale(double beta2, int64_t t);
-/* That step for learning rate lr, rounded once to float: what every path
- * (CPU, look-ahead, CUDA) applies. */
-static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr) {
-  return (float)(distro__adamw_step_scale(beta2, t) * (double)lr);
+/* The sign step's own warm-up. A sign step moves every element by its full
+ * size from the first steps on, where AdamW's update shrinks as its
+ * gradients turn noisy; at a high lr that needs a longer warm-up than
+ * AdamW's (docs/design.md, "Across learning rates"). The library cannot
+ * see the caller's schedule, only its lr at each step, so it stretches the
+ * warm-up it sees: while the caller's lr rises, the step is 1/STRETCH of
+ * its size; once the lr stops rising after W steps, the step grows linearly
+ * to full size at step STRETCH W. */
+#define DISTRO__ADAMW_WARMUP_STRETCH 1.5
+
+typedef struct {
+  float lr_last; /* the lr of the latest observed step */
+  int64_t seen;  /* steps observed */
+  int64_t rise;  /* W, the steps over which the caller's lr rose; 0 while it still rises */
+} distro__ramp;
+
+/* Observes the lr of the next step (every step, in order). */
+void distro__ramp_observe(distro__ramp *r, float lr);
+/* The warm-up factor of step t (1-based): 1/STRETCH within the rise, then
+ * t / (STRETCH W) up to 1. The same for any state that has observed step t,
+ * so an overlapped step may apply the previous step's aggregate after
+ * observing its own lr. */
+double distro__ramp_scale(const distro__ramp *r, int64_t t);
+
+/* That step for learning rate lr, warm-up state r (NULL: none), rounded
+ * once to float: what every path (CPU, look-ahead, CUDA) applies. */
+static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr, const distro__ramp *r) {
+  return (float)(distro__adamw_step_scale(beta2, t) * (r ? distro__ramp_scale(r, t) : 1.0) * (double)lr);
 }
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in

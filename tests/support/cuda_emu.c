@@ -182,7 +182,7 @@ distro_status emu_compress(emu *E, float lr, int *bad) {
 distro_status emu_apply(emu *E, float lr) {
   distro_optim *h = E->h;
   const int sign = h->opt.update == DISTRO_UPDATE_SIGN, adam = !sign;
-  const float step = sign ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr),
+  const float step = sign ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr, &h->ramp),
               shrink = 1.0f - lr * h->opt.weight_decay;
   for (int i = 0; i < h->nparams; i++) {
     const distro__tiling *t = &h->tilings[i];
@@ -225,7 +225,7 @@ distro_status emu_agree(emu *E) {
   return DISTRO_OK;
 }
 
-distro_status emu_step(emu *E, float lr) {
+static distro_status emu_step_inner(emu *E, float lr) {
   distro_optim *h = E->h;
   int bad = -1;
   distro_status r = emu_compress(E, lr, &bad);
@@ -236,7 +236,15 @@ distro_status emu_step(emu *E, float lr) {
   if (size == 0) return DISTRO_ERR_PAYLOAD;
   r = distro__payload_exchange(h, size, &st);
   if (r != DISTRO_OK) return r;
-  r = emu_apply(E, lr);
+  return emu_apply(E, lr);
+}
+
+distro_status emu_step(emu *E, float lr) {
+  distro_optim *h = E->h;
+  const distro__ramp ramp = h->ramp; /* as distro_cuda_optim_step: observed, restored on failure */
+  distro__ramp_observe(&h->ramp, lr);
+  const distro_status r = emu_step_inner(E, lr);
   if (r == DISTRO_OK) h->step++;
+  else h->ramp = ramp;
   return r;
 }

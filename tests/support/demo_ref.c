@@ -33,6 +33,7 @@ struct dr_model {
   dr_tensor *t;
   int64_t step;
   double lr;
+  double lr_hist[DR_MAX_STEPS]; /* the lr of each step, for the warm-up */
   long tainted_tiles, selections;
   /* scratch, sized for the largest tile */
   double *x, *c, *tmp, *sel, *sum, *dev, *abs;
@@ -340,6 +341,7 @@ void dr_step(dr_model *m, double lr, const float *const *grads) {
   const dr_config *cfg = &m->cfg;
   m->step++;
   m->lr = lr;
+  if (m->step <= DR_MAX_STEPS) m->lr_hist[m->step - 1] = (double)(float)lr; /* the library sees floats */
   for (int i = 0; i < m->nt; i++) {
     dr_tensor *t = &m->t[i];
     size_t n = (size_t)t->n;
@@ -379,6 +381,22 @@ double dr_adamw_step(double beta2, int64_t t) {
   return sqrt(((rt - 4) / (rinf - 4)) * ((rt - 2) / (rinf - 2)) * (rinf / rt));
 }
 
+double dr_warmup_of(const double *lrs, int64_t n, int64_t t) {
+  /* The stretched warm-up, from the whole lr history: W is the length of
+   * the run of strictly rising lrs (as floats) that opens the schedule
+   * (unknown while it lasts); the step is two thirds of its size through it
+   * and then grows as t / 1.5W. */
+  int64_t w = 0;
+  for (int64_t s = 1; s < n && !w; s++)
+    if (!((float)lrs[s] > (float)lrs[s - 1])) w = s;
+  if (!w || t <= w) return 2.0 / 3.0;
+  return fmin(1.0, (double)t / (1.5 * (double)w));
+}
+
+double dr_warmup(const dr_model *m, int64_t t) {
+  return dr_warmup_of(m->lr_hist, m->step < DR_MAX_STEPS ? m->step : DR_MAX_STEPS, t);
+}
+
 void dr_compare(const dr_model *m, int ti, const float *p0, const float *p1, dr_cmp *out) {
   const dr_config *cfg = &m->cfg;
   const dr_tensor *t = &m->t[ti];
@@ -388,7 +406,7 @@ void dr_compare(const dr_model *m, int ti, const float *p0, const float *p1, dr_
   /* Both DeMo updates: p -= step sign(Q), step = lr (sign) or r_t lr
    * (DisTrO-AdamW, r_t RAdam's rectification; the library rounds the step
    * to float32). */
-  const double step = distro_adamw ? dr_adamw_step(cfg->beta2, m->step) * lr : lr,
+  const double step = distro_adamw ? dr_adamw_step(cfg->beta2, m->step) * dr_warmup(m, m->step) * lr : lr,
                stol = distro_adamw ? 1e-6 * step : 0.0;
   double bc1 = 1 - pow(cfg->beta1, (double)m->step), bc2 = 1 - pow(cfg->beta2, (double)m->step);
   memset(out, 0, sizeof *out);

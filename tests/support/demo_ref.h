@@ -52,6 +52,13 @@ void dr_geometry(const dr_model *m, int t, int *h, int *w, int64_t *tiles);
 /* DisTrO-AdamW's step at step t (1-based) in units of lr: RAdam's
  * rectification of the second moment (beta2). */
 double dr_adamw_step(double beta2, int64_t t);
+/* Its warm-up factor at step t, from the lrs of the steps taken so far:
+ * 2/3 while the schedule's opening rise of W steps lasts and through step
+ * W, then t / 1.5W up to 1. Defined for up to DR_MAX_STEPS steps. */
+#define DR_MAX_STEPS 4096
+double dr_warmup(const dr_model *m, int64_t t);
+/* The same from the lrs of the first n steps. */
+double dr_warmup_of(const double *lrs, int64_t n, int64_t t);
 
 /* One step with learning rate lr. grads[r * ntensors + t] is rank r's
  * gradient for tensor t. Parameters are not held: the update is checked
