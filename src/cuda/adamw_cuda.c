@@ -1,6 +1,6 @@
 /* The AdamW all-reduce baseline on the GPU (include/distro/cuda.h): the
  * same step as the CPU's distro__adamw_step, behind the GPU optimizer's
- * object (optim_cuda.h). */
+ * object (optim_state.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +10,7 @@
 
 #include "comm/comm_internal.h"
 #include "cuda/cuda_internal.h"
-#include "cuda/optim_cuda.h"
+#include "cuda/optim_state.h"
 #include "optim/optim_internal.h"
 
 /* The baseline's flag slot: 1 per rank with a non-finite gradient, this

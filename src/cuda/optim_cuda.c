@@ -19,7 +19,7 @@
 
 #include "comm/comm_internal.h"
 #include "cuda/cuda_internal.h"
-#include "cuda/optim_cuda.h"
+#include "cuda/optim_state.h"
 #include "optim/optim_internal.h"
 #include "optim/step_rule.h"
 

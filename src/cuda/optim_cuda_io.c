@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 #include "cuda/cuda_internal.h"
-#include "cuda/optim_cuda.h"
+#include "cuda/optim_state.h"
 #include "optim/optim_internal.h"
 
 /* The state arrays of a tensor, device and host, in the order of the state

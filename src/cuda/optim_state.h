@@ -1,8 +1,8 @@
 /* Internal: the GPU optimizer's state (struct distro_cuda_optim), shared by
  * optim_cuda.c (create, device state, the step), adamw_cuda.c (the AdamW
  * baseline) and optim_cuda_io.c (save, load). */
-#ifndef DISTRO_CUDA_OPTIM_CUDA_H
-#define DISTRO_CUDA_OPTIM_CUDA_H
+#ifndef DISTRO_CUDA_OPTIM_STATE_H
+#define DISTRO_CUDA_OPTIM_STATE_H
 
 #include <stdint.h>
 
