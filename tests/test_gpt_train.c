@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -420,6 +421,59 @@ static void expect_error(const char *args, int code, const char *msg) {
 }
 
 TestSuite(gpt_errors, .init = setup, .fini = teardown);
+
+/* Whether /proc/cpuinfo's first "flags" line lists `flag` as a whole word. */
+static int cpu_has(const char *flag) {
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return 0;
+  char line[8192];
+  int has = 0;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "flags", 5)) {
+      for (char *t = strtok(strchr(line, ':') + 1, " \n"); t; t = strtok(NULL, " \n"))
+        if (!strcmp(t, flag)) has = 1;
+      break;
+    }
+  fclose(f);
+  return has;
+}
+
+/* The kernel family in the trainer's "matrix products: OpenBLAS, X kernels" line. */
+static void blas_kernels(const char *out, char *core, size_t n) {
+  const char *p = strstr(out, "matrix products: OpenBLAS, ");
+  cr_assert(p, "no matrix products line:\n%s", out);
+  p += strlen("matrix products: OpenBLAS, ");
+  size_t k = strcspn(p, " \n");
+  cr_assert(k > 0 && k < n);
+  memcpy(core, p, k);
+  core[k] = 0;
+}
+
+/* Debian 12's OpenBLAS falls back to its SSE3 kernels on a CPU model it does
+ * not know (about 4x slower GEMMs): on a CPU with FMA, the trainer must not
+ * run on those, and a user's own OPENBLAS_CORETYPE must be kept. */
+Test(gpt_train, matrix_products_run_on_the_cpus_fma_kernels) {
+  if (!cpu_has("avx2") || !cpu_has("fma")) cr_skip_test("this CPU has no AVX2 + FMA");
+  static const char *pre_fma[] = {"Katmai", "Coppermine", "Northwood", "Prescott", "Banias", "Atom", "Core2",
+                                  "Penryn", "Dunnington", "Nehalem", "Opteron", "Barcelona", "Nano", "Bobcat",
+                                  "Sandybridge", "Unknown"};
+  char cmd[4096], core[64], *out;
+  snprintf(cmd, sizeof cmd, "env -u OPENBLAS_CORETYPE '%s' --data '%s' " TINY " --steps 1 --eval-every 0",
+           GPT_TRAIN, corpus);
+  cr_assert_eq(run(cmd, &out), 0, "%s", out);
+  blas_kernels(out, core, sizeof core);
+  for (size_t i = 0; i < sizeof pre_fma / sizeof *pre_fma; i++)
+    cr_expect(strcasecmp(core, pre_fma[i]) != 0, "OpenBLAS runs its %s kernels on a CPU with FMA:\n%s", core, out);
+  free(out);
+
+  snprintf(cmd, sizeof cmd, "OPENBLAS_CORETYPE=Haswell '%s' --data '%s' " TINY " --steps 1 --eval-every 0",
+           GPT_TRAIN, corpus);
+  cr_assert_eq(run(cmd, &out), 0, "%s", out);
+  blas_kernels(out, core, sizeof core);
+  cr_expect_str_eq(core, "Haswell", "the user's OPENBLAS_CORETYPE was not kept:\n%s", out);
+  cr_expect(!strstr(out, "restarting"), "restarted despite the user's setting:\n%s", out);
+  free(out);
+}
 
 Test(gpt_errors, bad_flags) {
   expect_error("--bogus", 2, "unknown option '--bogus'");

@@ -122,7 +122,21 @@ if [ -s "$results" ] && [ "$(wc -l < "$results")" -gt 1 ]; then
   esac
   cpu=$hadc
 fi
-printf 'sampling=%s\nwarmup=%s\ncpu=%s\n' "$sampling" "$schedule" "$cpu" > "$meta"
+# The kernels the trainer's matrix products run on (OpenBLAS picks them per
+# CPU; they round differently too): a set keeps one kind.
+blas=$("$gpt" --layers 1 --dim 32 --heads 2 --context 32 --batch 1 --ranks 1 --steps 1 --eval-every 0 2> /dev/null |
+  sed -n 's/^matrix products: //p')
+blas=${blas:-unknown}
+hadb=$(sed -n 's/^blas=//p' "$meta" 2> /dev/null || true)
+if [ -s "$results" ] && [ "$(wc -l < "$results")" -gt 1 ]; then
+  case "$hadb" in
+    "" | "not recorded"*) blas="not recorded (before 2026-12-05)" ;;
+    "$blas") ;;
+    *) echo "quality: set $set ran its matrix products on '$hadb', this build on '$blas'; use another --set" >&2
+       exit 2 ;;
+  esac
+fi
+printf 'sampling=%s\nwarmup=%s\ncpu=%s\nblas=%s\n' "$sampling" "$schedule" "$cpu" "$blas" > "$meta"
 header="size	optimizer	lr	lr_scale	wd	seed	final_val	bytes_per_step	steps	params"
 if [ "$fresh" = 1 ] || [ ! -s "$results" ]; then
   echo "$header" > "$results"

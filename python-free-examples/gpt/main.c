@@ -11,6 +11,7 @@
 #include <distro/mpi.h>
 #endif
 
+#include "blas.h"
 #include "compare.h"
 #include "train.h"
 
@@ -192,6 +193,7 @@ static int parse_float(const char *flag, const char *s, float min, float *out) {
 }
 
 int main(int argc, char **argv) {
+  gpt_blas_fix_core(argv);
   train_config c;
   memset(&c, 0, sizeof c);
   c.model = (gpt_config){.context = 128, .layers = 4, .dim = 128, .heads = 4, .tied = 1};
@@ -527,6 +529,7 @@ int main(int argc, char **argv) {
              "%s sampling\n",
              c.model.layers, c.model.dim, c.model.heads, c.model.context, c.model.tied ? "tied" : "untied", world,
              comm ? "MPI" : "in-process", c.batch, c.sampling == GPT_SAMPLE_SHARD ? "shard" : "global");
+      printf("matrix products: OpenBLAS, %s kernels\n", gpt_blas_core());
       fflush(stdout);
     }
     if (compare) {
