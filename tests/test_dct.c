@@ -168,3 +168,60 @@ Test(dct, sparse_tile_inverse) {
     distro__dct_plan_destroy(&p);
   }
 }
+
+/* SparseLoCo's DCT sections run FAST with edges up to 256 (sparse_chunk,
+ * and a whole prime dimension up to it), where the float64 reference above
+ * is too slow: FAST against GEMM (checked against it above) for such tiles,
+ * forward and back, and through distro__dct_fast_tiles' preallocated work
+ * on 1 and 3 threads with the same bits as distro__dct_encode_tiles. */
+Test(dct, fast_matches_gemm_up_to_edge_256, .timeout = 60) {
+  tu_rng rng = {tu_seed()};
+  const uint64_t seed = rng.s;
+  const int64_t shapes[][2] = {{256, 512}, {255, 254}, {251, 96}, {257, 96}, {96, 257}, {250, 200}};
+  for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+    distro__tiling t;
+    cr_assert_eq(distro__tiling_init(&t, 2, shapes[si], 256, 1), DISTRO_OK);
+    const size_t n = (size_t)(t.rows * t.cols);
+    float *x = malloc(n * sizeof *x), *cg = malloc(n * sizeof *cg), *cf = malloc(n * sizeof *cf),
+          *c2 = malloc(n * sizeof *c2), *y = malloc(n * sizeof *y), *y2 = malloc(n * sizeof *y2),
+          *scr = malloc(n * sizeof *scr);
+    double *ref = malloc(n * sizeof *ref);
+    tu_fill_normal(&rng, x, n, 1.0f);
+    distro__dct_plan g, f;
+    cr_assert_eq(distro__dct_plan_init(&g, &t, DISTRO__DCT_GEMM), DISTRO_OK);
+    cr_assert_eq(distro__dct_plan_init(&f, &t, DISTRO__DCT_FAST), DISTRO_OK);
+    distro__dct_encode_tiles(&g, x, cg, scr);
+    distro__dct_encode_tiles(&f, x, cf, scr);
+    for (size_t i = 0; i < n; i++) ref[i] = cg[i];
+    long bad = tu_first_mismatch(cf, ref, n, 1e-5 * sqrt((double)t.chunk_elems), 1e-5);
+    cr_assert_eq(bad, -1, "shape %lldx%lld tile %lldx%lld: FAST coef[%ld]=%g GEMM %g (seed %llu)", (long long)t.rows,
+                 (long long)t.cols, (long long)t.h, (long long)t.w, bad, bad >= 0 ? cf[bad] : 0.0,
+                 bad >= 0 ? ref[bad] : 0.0, (unsigned long long)seed);
+    distro__dct_decode_tiles(&f, cf, y, scr);
+    for (size_t i = 0; i < n; i++) ref[i] = x[i];
+    bad = tu_first_mismatch(y, ref, n, 1e-4, 1e-4);
+    cr_assert_eq(bad, -1, "tile %lldx%lld round trip: y[%ld]=%g x %g", (long long)t.h, (long long)t.w, bad,
+                 bad >= 0 ? y[bad] : 0.0, bad >= 0 ? ref[bad] : 0.0);
+    const int64_t stride = distro__dct_tiles_work(&f) + 3; /* any stride >= the work */
+    float *work = malloc(sizeof(float) * (size_t)(3 * stride));
+    for (int nwork = 1; nwork <= 3; nwork += 2) {
+      distro__dct_fast_tiles(&f, x, c2, 0, work, stride, nwork);
+      cr_assert_eq(memcmp(c2, cf, n * sizeof *c2), 0, "tile %lldx%lld, %d threads: forward differs", (long long)t.h,
+                   (long long)t.w, nwork);
+      distro__dct_fast_tiles(&f, cf, y2, 1, work, stride, nwork);
+      cr_assert_eq(memcmp(y2, y, n * sizeof *y2), 0, "tile %lldx%lld, %d threads: inverse differs", (long long)t.h,
+                   (long long)t.w, nwork);
+    }
+    distro__dct_plan_destroy(&g);
+    distro__dct_plan_destroy(&f);
+    free(work);
+    free(x);
+    free(cg);
+    free(cf);
+    free(c2);
+    free(y);
+    free(y2);
+    free(scr);
+    free(ref);
+  }
+}

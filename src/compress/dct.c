@@ -3,13 +3,16 @@
  * The separable transform of every h x w tile is two matrix products against
  * fixed bases: along columns the whole tensor is one (rows*tiles_c, w) x (w, w)
  * GEMM (row segments of length w are contiguous), along rows each block of h
- * rows is an (h, h) x (h, cols) GEMM. OpenBLAS runs these; FFTW's REDFT10/01
- * and a naive loop are kept for the benchmark (bench/bench_dct.c) that chose
- * GEMM as the default. */
+ * rows is an (h, h) x (h, cols) GEMM. OpenBLAS runs these, with kernels it
+ * picks per CPU model that round differently, so the library itself (DeMo,
+ * SparseLoCo) uses the FAST method below, which rounds the same on every
+ * CPU; GEMM, FFTW's REDFT10/01 and a naive loop are kept for benchmarks
+ * (bench/bench_dct.c) and tests. */
 #include "compress/dct.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -412,29 +415,44 @@ void distro__dct_tile_inverse_sparse(const distro__dct_plan *p, const float *in,
   if (h > 1) dct1_inverse(&p->dh, 0, h, rows, w, x, ldx, w, work + e);
 }
 
-/* The whole tensor tile by tile through the one-tile functions (a tile's
- * coefficients are contiguous there, strided in `coef`). */
-static void fast_tiles(const distro__dct_plan *p, const float *src, float *dst, int inverse) {
+int64_t distro__dct_tiles_work(const distro__dct_plan *p) { return distro__dct_tile_work(p) + p->t.h * p->t.w; }
+
+/* Tile c of the whole tensor through the one-tile functions (a tile's
+ * coefficients are contiguous there, strided in the tensor's layout). work:
+ * distro__dct_tiles_work(p) floats. */
+static void fast_tile(const distro__dct_plan *p, const float *src, float *dst, int inverse, int64_t c, float *work) {
   const distro__tiling *t = &p->t;
-  const int64_t h = t->h, w = t->w, nw = distro__dct_tile_work(p);
+  const int64_t h = t->h, w = t->w;
+  const int64_t at = (c / t->tiles_c) * h * t->cols + (c % t->tiles_c) * w;
+  float *tile = work + distro__dct_tile_work(p);
+  if (inverse) {
+    for (int64_t b = 0; b < h; b++) memcpy(tile + b * w, src + at + b * t->cols, sizeof(float) * (size_t)w);
+    distro__dct_tile_inverse(p, tile, dst + at, t->cols, work);
+  } else {
+    distro__dct_tile_forward(p, src + at, t->cols, tile, work);
+    for (int64_t b = 0; b < h; b++) memcpy(dst + at + b * t->cols, tile + b * w, sizeof(float) * (size_t)w);
+  }
+}
+
+/* The whole tensor, each thread with its own work (benchmarks and tests;
+ * the library calls distro__dct_fast_tiles with work it allocated up front). */
+static void fast_tiles(const distro__dct_plan *p, const float *src, float *dst, int inverse) {
 #pragma omp parallel
   {
-    float *work = malloc(sizeof(float) * (size_t)(nw + h * w));
+    float *work = malloc(sizeof(float) * (size_t)distro__dct_tiles_work(p));
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < t->nchunks; c++) {
-      if (!work) continue;
-      const int64_t at = (c / t->tiles_c) * h * t->cols + (c % t->tiles_c) * w;
-      float *tile = work + nw;
-      if (inverse) {
-        for (int64_t b = 0; b < h; b++) memcpy(tile + b * w, src + at + b * t->cols, sizeof(float) * (size_t)w);
-        distro__dct_tile_inverse(p, tile, dst + at, t->cols, work);
-      } else {
-        distro__dct_tile_forward(p, src + at, t->cols, tile, work);
-        for (int64_t b = 0; b < h; b++) memcpy(dst + at + b * t->cols, tile + b * w, sizeof(float) * (size_t)w);
-      }
-    }
+    for (int64_t c = 0; c < p->t.nchunks; c++)
+      if (work) fast_tile(p, src, dst, inverse, c, work);
     free(work);
   }
+}
+
+void distro__dct_fast_tiles(const distro__dct_plan *p, const float *src, float *dst, int inverse, float *work,
+                            int64_t stride, int nwork) {
+  const int n = nwork < 1 ? 1 : nwork;
+#pragma omp parallel for schedule(static) num_threads(n) if (n > 1 && p->t.nchunks > 1)
+  for (int64_t c = 0; c < p->t.nchunks; c++)
+    fast_tile(p, src, dst, inverse, c, work + (size_t)omp_get_thread_num() * (size_t)stride);
 }
 
 /* ---- GEMM method ---------------------------------------------------------- */

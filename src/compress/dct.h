@@ -14,7 +14,7 @@
 void distro__dct_basis(int64_t n, float *basis);
 
 typedef enum {
-  DISTRO__DCT_GEMM = 0,  /* OpenBLAS against the dense bases */
+  DISTRO__DCT_GEMM = 0,  /* OpenBLAS against the dense bases (rounds per CPU model: benchmark only) */
   DISTRO__DCT_FFTW = 1,  /* FFTW REDFT10/01 (benchmark only) */
   DISTRO__DCT_NAIVE = 2, /* float64 direct sums (benchmark only) */
   DISTRO__DCT_FAST = 3   /* even/odd butterflies, vectorized across a tile's rows or columns */
@@ -51,6 +51,14 @@ void distro__dct_plan_destroy(distro__dct_plan *p);
 void distro__dct_encode_tiles(const distro__dct_plan *p, const float *x, float *coef, float *scratch);
 /* x = per-tile inverse DCT(coef). */
 void distro__dct_decode_tiles(const distro__dct_plan *p, const float *coef, float *x, float *scratch);
+
+/* FAST plans, without allocating: x = per-tile DCT(src) (inverse 0) or its
+ * inverse (1), the same bits as distro__dct_encode_tiles / _decode_tiles, on
+ * at most nwork threads; thread i uses work + i*stride, stride >=
+ * distro__dct_tiles_work(p) floats. */
+int64_t distro__dct_tiles_work(const distro__dct_plan *p);
+void distro__dct_fast_tiles(const distro__dct_plan *p, const float *src, float *dst, int inverse, float *work,
+                            int64_t stride, int nwork);
 
 /* ---- one tile at a time (FAST method) ----------------------------------
  * The fused step works tile by tile so that a tile's data stays in cache

@@ -65,8 +65,10 @@ struct distro_diloco {
   int64_t max_sel, max_sec;    /* most selected entries of a fragment; largest section */
   float **ef;                  /* P arrays of numel[p]: error feedback e (DCT sections: coefficients) */
   float *ef_next;              /* max_frag: e after the send in flight, kept if its exchange succeeds */
-  float *tx_coef, *tx_scr;     /* max_sec each: the send's DCT (main thread) */
-  float *rx_coef, *rx_scr;     /* max_sec each: the merge's inverse DCT (exchange) */
+  float *tx_coef, *tx_scr;     /* the send's DCT (main thread): max_sec; dct_nwork x dct_stride work */
+  float *rx_coef, *rx_scr;     /* the same for the merge's inverse DCT (exchange) */
+  int64_t dct_stride;          /* floats of FAST DCT work per thread (the largest tile's) */
+  int dct_nwork;               /* threads the DCT of a section may use (set at prepare) */
   uint32_t *sel_idx;           /* max_sel: this learner's selection */
   float *sel_val;
   uint32_t *dec_idx;           /* M * max_sel: every learner's decoded selection */

@@ -4,6 +4,7 @@
  * from e, and the outer step on the merge of the decoded sparse updates.
  * The payload format is compress/outer_sparse.h. */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,14 +130,27 @@ distro_status distro__sparse_prepare(distro_diloco *d) {
   }
   d->plans = calloc((size_t)ns + 1, sizeof *d->plans);
   if (!d->plans) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  /* FAST, never GEMM: every learner decodes every payload itself, and
+   * OpenBLAS's kernels (chosen per CPU model) round differently; FAST rounds
+   * the same on every CPU, for any tile shape (and thread count). Its work
+   * is allocated here: one per thread, for as many threads as fit in the
+   * largest section's floats (the GEMM's scratch was that size). */
+  d->dct_stride = 1;
   for (int i = 0; i < ns; i++)
-    if (d->sec[i].dct) DISTRO_CHECK(distro__dct_plan_init(&d->plans[i], &d->sec[i].t, DISTRO__DCT_GEMM));
+    if (d->sec[i].dct) {
+      DISTRO_CHECK(distro__dct_plan_init(&d->plans[i], &d->sec[i].t, DISTRO__DCT_FAST));
+      const int64_t w = distro__dct_tiles_work(&d->plans[i]);
+      if (w > d->dct_stride) d->dct_stride = w;
+    }
+  const int64_t fit = d->max_sec / d->dct_stride, threads = omp_get_max_threads();
+  d->dct_nwork = !any_dct || fit < 1 ? 1 : (int)(fit < threads ? fit : threads);
   const size_t sec_floats = any_dct ? (size_t)d->max_sec : 1;
+  const size_t work_floats = any_dct ? (size_t)d->dct_stride * (size_t)d->dct_nwork : 1;
   d->ef_next = malloc(sizeof(float) * (size_t)d->max_frag);
   d->tx_coef = malloc(sizeof(float) * sec_floats);
-  d->tx_scr = malloc(sizeof(float) * sec_floats);
+  d->tx_scr = malloc(sizeof(float) * work_floats);
   d->rx_coef = malloc(sizeof(float) * sec_floats);
-  d->rx_scr = malloc(sizeof(float) * sec_floats);
+  d->rx_scr = malloc(sizeof(float) * work_floats);
   d->sel_idx = malloc(sizeof(uint32_t) * (size_t)d->max_sel);
   d->sel_val = malloc(sizeof(float) * (size_t)d->max_sel);
   d->dec_idx = malloc(sizeof(uint32_t) * (size_t)d->max_sel * (size_t)M);
@@ -171,7 +185,7 @@ size_t distro__sparse_send(distro_diloco *d, int p, const float *delta, int bad,
   for (int i = 0; i < n && !bad; i++) {
     const float *x = delta + s[i].elem;
     if (s[i].dct) {
-      distro__dct_encode_tiles(&d->plans[d->sec_start[p] + i], x, d->tx_coef, d->tx_scr);
+      distro__dct_fast_tiles(&d->plans[d->sec_start[p] + i], x, d->tx_coef, 0, d->tx_scr, d->dct_stride, d->dct_nwork);
       x = d->tx_coef;
     }
     const float *ei = e + s[i].elem;
@@ -226,7 +240,7 @@ static void sparse_accumulate(void *ctx, int q0, int q1, const float *coef, floa
         const float *cv = d->dec_val + at;
         for (int64_t j = 0; j < k; j++) o[distro__tile_offset(t, c, ci[j])] += coef[r] * cv[j];
       }
-    if (s->dct) distro__dct_decode_tiles(&d->plans[i], d->rx_coef, out + s->elem, d->rx_scr);
+    if (s->dct) distro__dct_fast_tiles(&d->plans[i], d->rx_coef, out + s->elem, 1, d->rx_scr, d->dct_stride, d->dct_nwork);
   }
 }
 
