@@ -47,6 +47,10 @@ void gpt_blas_fix_core(char **argv) {
                   "OPENBLAS_CORETYPE=%s\n", argv[0], gpt_blas_core(), better);
   fflush(NULL);
   if (setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
+  /* argv[0] as the shell found it (under valgrind /proc/self/exe would be
+   * the tool); /proc/self/exe if that fails. */
+  if (strchr(argv[0], '/')) execv(argv[0], argv);
+  else execvp(argv[0], argv);
   execv("/proc/self/exe", argv);
   unsetenv("OPENBLAS_CORETYPE"); /* the exec failed: run on with what we have */
 }
