@@ -25,7 +25,10 @@ static int core_has_fma(const char *core) {
   return 1;
 }
 
-const char *gpt_blas_better_core(void) {
+/* The family this CPU can run that OpenBLAS should have picked: SkylakeX
+ * (AVX-512 F/CD/BW/DQ/VL), Haswell (AVX2 + FMA), or NULL when the CPU has
+ * neither or OpenBLAS's own choice already uses FMA. */
+static const char *better_core(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (core_has_fma(gpt_blas_core())) return NULL;
   __builtin_cpu_init();
@@ -41,7 +44,7 @@ const char *gpt_blas_better_core(void) {
 void gpt_blas_fix_core(char **argv) {
   const char *set = getenv("OPENBLAS_CORETYPE");
   if (set && *set) return;
-  const char *better = gpt_blas_better_core();
+  const char *better = better_core();
   if (!better) return;
   fprintf(stderr, "%s: OpenBLAS chose its %s kernels (it does not know this CPU); restarting with "
                   "OPENBLAS_CORETYPE=%s\n", argv[0], gpt_blas_core(), better);

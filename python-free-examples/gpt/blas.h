@@ -12,11 +12,6 @@
 /* The kernel family OpenBLAS uses ("SkylakeX", "Haswell", "Prescott"...). */
 const char *gpt_blas_core(void);
 
-/* The kernel family this CPU can run that OpenBLAS should have picked:
- * "SkylakeX" (AVX-512 F/CD/BW/DQ/VL), "Haswell" (AVX2 + FMA), or NULL when
- * the CPU has neither or OpenBLAS's own choice already uses FMA. */
-const char *gpt_blas_better_core(void);
-
 /* Call first thing in main(). If OpenBLAS fell back to a pre-FMA kernel on
  * a CPU that has FMA, and OPENBLAS_CORETYPE is unset (a user's setting is
  * kept), sets it and re-executes the program with the same arguments; on

@@ -434,17 +434,15 @@ static void fast_tile(const distro__dct_plan *p, const float *src, float *dst, i
   }
 }
 
-/* The whole tensor, each thread with its own work (benchmarks and tests;
- * the library calls distro__dct_fast_tiles with work it allocated up front). */
+/* The whole tensor for benchmarks and tests: the library's path below, with
+ * work for every thread allocated here (one thread if that fails). */
 static void fast_tiles(const distro__dct_plan *p, const float *src, float *dst, int inverse) {
-#pragma omp parallel
-  {
-    float *work = malloc(sizeof(float) * (size_t)distro__dct_tiles_work(p));
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < p->t.nchunks; c++)
-      if (work) fast_tile(p, src, dst, inverse, c, work);
-    free(work);
-  }
+  const int64_t stride = distro__dct_tiles_work(p);
+  int n = omp_get_max_threads();
+  float *work = malloc(sizeof(float) * (size_t)(stride * n));
+  if (!work) work = malloc(sizeof(float) * (size_t)stride), n = 1;
+  if (work) distro__dct_fast_tiles(p, src, dst, inverse, work, stride, n);
+  free(work);
 }
 
 void distro__dct_fast_tiles(const distro__dct_plan *p, const float *src, float *dst, int inverse, float *work,
