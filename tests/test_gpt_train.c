@@ -2,6 +2,7 @@
  * a tiny model and a generated text, and its exit status, messages, CSV log
  * and parameter checksum are checked. GPT_TRAIN is the binary's path. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +148,62 @@ Test(gpt_train, same_seed_same_losses) {
     cr_assert_neq(sum[0], sum[2], "%s: another seed gave the same parameters", OPTIMS[i]);
     cr_assert_str_neq(a[0], c[0], "%s: another seed gave the same first loss", OPTIMS[i]);
   }
+}
+
+/* --tensor-log: DeMo sign moves every element of every tensor by exactly
+ * lr (weight decay 0), so each row's update ratio is 1; with one rank and
+ * no clipping the per-tensor gradient RMS add up to the log's gradient
+ * norm, so the rows cover the whole model once. */
+Test(gpt_train, tensor_log_measures_each_tensors_step) {
+  char args[2048], tl[400], log[400], line[512], g[8][32];
+  snprintf(tl, sizeof tl, "%s/tensors.csv", dir);
+  snprintf(args, sizeof args, "--optim distro --steps 6 --eval-every 0 --tensor-log '%s' --tensor-every 2", tl);
+  free(train(args));
+  FILE *f = fopen(tl, "r");
+  cr_assert(f, "no tensor log %s", tl);
+  cr_assert(fgets(line, sizeof line, f));
+  cr_assert_str_eq(line, "step,tensor,numel,weight_rms,grad_rms,update_rms_over_lr\n");
+  int rows = 0, steps_seen[7] = {0};
+  while (fgets(line, sizeof line, f)) {
+    int step;
+    char name[64];
+    size_t numel;
+    double w, gr, u;
+    cr_assert_eq(sscanf(line, "%d,%63[^,],%zu,%lf,%lf,%lf", &step, name, &numel, &w, &gr, &u), 6, "row '%s'", line);
+    cr_assert(step == 2 || step == 4 || step == 6, "a row for step %d (every 2nd step only)", step);
+    steps_seen[step]++;
+    cr_assert(w > 0 && gr > 0 && numel > 0, "row '%s'", line);
+    cr_assert(fabs(u - 1.0) < 1e-3, "step %d, %s: the sign step moved %.6f lr, not 1", step, name, u);
+    rows++;
+  }
+  fclose(f);
+  cr_assert_eq(rows, 3 * 16, "%d rows: 16 tensors of a 1-layer model at steps 2, 4, 6", rows);
+  cr_assert(steps_seen[2] == 16 && steps_seen[4] == 16 && steps_seen[6] == 16);
+
+  snprintf(log, sizeof log, "%s/adamw.csv", dir);
+  snprintf(args, sizeof args,
+           "--optim adamw --ranks 1 --clip 0 --steps 3 --eval-every 0 --log '%s' --tensor-log '%s' --tensor-every 3",
+           log, tl);
+  free(train(args));
+  cr_assert_eq(csv_column(log, 4, g, 8), 3);
+  f = fopen(tl, "r");
+  cr_assert(f && fgets(line, sizeof line, f));
+  double sq = 0;
+  rows = 0;
+  while (fgets(line, sizeof line, f)) {
+    int step;
+    size_t numel;
+    double w, gr, u;
+    cr_assert_eq(sscanf(line, "%d,%*[^,],%zu,%lf,%lf,%lf", &step, &numel, &w, &gr, &u), 5);
+    cr_assert_eq(step, 3);
+    sq += (double)numel * gr * gr;
+    rows++;
+  }
+  fclose(f);
+  cr_assert_eq(rows, 16, "a new run rewrites the tensor log: %d rows", rows);
+  const double norm = atof(g[2]);
+  cr_assert(fabs(sqrt(sq) - norm) <= 1e-4 * norm, "the tensors' gradient RMS give norm %.7g, the log %.7g", sqrt(sq),
+            norm);
 }
 
 Test(gpt_train, resume_continues_the_same_run) {

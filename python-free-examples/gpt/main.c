@@ -136,6 +136,8 @@ static void usage(FILE *f) {
 "  --eval-batches N    batches per periodic validation (4); the final one uses the whole split\n"
 "  --print-every N     progress line every N steps (10)\n"
 "  --log FILE.csv      one CSV line per step (--compare: one file per optimizer)\n"
+"  --tensor-log FILE.csv  rank 0's weight, gradient and update RMS per tensor, every\n"
+"                      --tensor-every N steps (25); the update in units of the step's lr\n"
 "  --save FILE         checkpoint at the end (and every --save-every N steps)\n"
 "  --save-every N      also checkpoint every N steps\n"
 "  --resume FILE       continue from a checkpoint (same model, optimizer and ranks)\n"
@@ -221,6 +223,7 @@ int main(int argc, char **argv) {
   int ranks_given = 0, diloco_flags = 0, inner_given = 0, decoupled_flags = 0, id_given = 0;
   int sparseloco = 0, sparse_flags = 0; /* --optim sparseloco: DiLoCo with sparse outer gradients */
   c.eval_every = 25;
+  c.tensor_every = 25;
   c.eval_batches = 4;
   c.print_every = 10;
   compare_overrides ov = {0};
@@ -248,7 +251,7 @@ int main(int argc, char **argv) {
         "--data",   "--layers",     "--dim",        "--heads",       "--context", "--optim",      "--lr",
         "--lr-final", "--warmup",   "--clip",       "--wd",          "--beta1",   "--beta2",      "--topk",
         "--chunk",  "--decay",      "--values",     "--steps",       "--batch",   "--seed",       "--ranks",
-        "--threads", "--eval-every", "--eval-batches", "--print-every", "--log",   "--save",       "--save-every",
+        "--threads", "--eval-every", "--eval-batches", "--print-every", "--log",   "--tensor-log", "--tensor-every", "--save",       "--save-every",
         "--resume", "--stop-after", "--plot", "--tsv", "--inner",    "--learners", "--ranks-per-learner",
         "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
         "--outer-codec", "--outer-block", "--merge", "--syncer", "--learner-id", "--step-delay-ms", "--time-limit",
@@ -372,6 +375,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--eval-batches")) rc = parse_int(a, v, 1, &c.eval_batches);
     else if (!strcmp(a, "--print-every")) rc = parse_int(a, v, 1, &c.print_every);
     else if (!strcmp(a, "--log")) c.log_path = v;
+    else if (!strcmp(a, "--tensor-log")) c.tensor_log_path = v;
+    else if (!strcmp(a, "--tensor-every")) rc = parse_int(a, v, 1, &c.tensor_every);
     else if (!strcmp(a, "--save")) c.save_path = v;
     else if (!strcmp(a, "--save-every")) rc = parse_int(a, v, 1, &c.save_every);
     else if (!strcmp(a, "--resume")) c.resume_path = v;
@@ -417,8 +422,8 @@ int main(int argc, char **argv) {
   if (c.ranks > 256) return bad("--ranks must be <= 256%s%s", "", "");
   if (plot_path && !compare) return bad("--plot needs --compare%s%s", "", "");
   if (tsv_path && !compare) return bad("--tsv needs --compare%s%s", "", "");
-  if (compare && (c.save_path || c.resume_path || c.stop_after))
-    return bad("--compare does not take --save, --resume or --stop-after%s%s", "", "");
+  if (compare && (c.save_path || c.resume_path || c.stop_after || c.tensor_log_path))
+    return bad("--compare does not take --save, --resume, --stop-after or --tensor-log%s%s", "", "");
   if (c.stop_after && !c.save_path)
     return bad("--stop-after needs --save (where to continue from)%s%s", "", "");
   if (decoupled_flags && (compare || c.optim != GPT_OPT_DECOUPLED))

@@ -2,6 +2,7 @@
  * its own shard, runs forward and backward on its local batch and calls
  * distro_optim_step, which does all the communication. */
 #include "train.h"
+#include "tensor_log.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -199,6 +200,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   const int decoupled = c->optim == GPT_OPT_DECOUPLED;
   real *scratch = NULL; /* DiLoCo: the local parameters while the global copy is evaluated */
   FILE *log = NULL;
+  gpt_tensor_log *tlog = NULL;
   uint8_t *inp = malloc((size_t)B * T), *tgt = malloc((size_t)B * T);
   distro_status s = DISTRO_OK;
   /* The optimizer's communicator: the world, or with DiLoCo this rank's learner. */
@@ -282,6 +284,9 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     log = fopen(c->log_path, c->resume_path ? "a" : "w");
     if (!log) FAIL("cannot open log file '%s'", c->log_path);
   }
+  if (ok && lead && c->tensor_log_path &&
+      !(tlog = gpt_tensor_log_open(c->tensor_log_path, c->resume_path != NULL, &m, err, sizeof err)))
+    ok = 0;
   int who = first_failed_rank(comm, ok);
   if (who == -2) who = 0;
   if (who != -1) goto done;
@@ -343,6 +348,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     gpt_backward(&m);
     const float gnorm = clip_grad(&m, c->clip);
     const float lr = lr_at(c, step);
+    const int tlogs = tlog && (step + 1) % c->tensor_every == 0;
+    if (tlogs) gpt_tensor_log_before(tlog, &m);
     distro_step_stats st;
     double outer_s = 0; /* DiLoCo's outer sync on this thread (part of optim_s) */
     if (dl) {
@@ -369,6 +376,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       who = 0;
       goto done;
     }
+    if (tlogs) gpt_tensor_log_after(tlog, &m, step + 1, lr); /* a failed write shows at the close */
     const double dt = gpt_now() - t0;
     step_sum += dt;
     optim_sum += st.seconds_total;
@@ -594,6 +602,10 @@ done:
     else fprintf(stderr, "gpt: %s\n", err);
   }
   if (log) fclose(log);
+  if (gpt_tensor_log_close(tlog) != 0 && who == -1) {
+    fprintf(stderr, "gpt: the tensor log '%s' did not reach the disk whole\n", c->tensor_log_path);
+    who = 0;
+  }
 #ifdef DISTRO_WITH_SYNC
   distro_learner_free(lrn);
 #endif

@@ -60,6 +60,8 @@ typedef struct {
   /* output */
   int eval_every, eval_batches, print_every;
   const char *log_path, *save_path, *resume_path;
+  const char *tensor_log_path; /* per-tensor figures every tensor_every steps (tensor_log.h) */
+  int tensor_every;
   int save_every;    /* also save every N steps (0: only at the end) */
   int stop_after;    /* stop after this step (0: run to `steps`); resume later */
   int quiet;         /* no progress lines */
