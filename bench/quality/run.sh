@@ -136,7 +136,11 @@ if [ -s "$results" ] && [ "$(wc -l < "$results")" -gt 1 ]; then
        exit 2 ;;
   esac
 fi
+# Lines of NAME.meta other than these four (a note= on how the set's build
+# differs from main, say) are the set's own and kept.
+extra=$(grep -v -E '^(sampling|warmup|cpu|blas)=' "$meta" 2> /dev/null || true)
 printf 'sampling=%s\nwarmup=%s\ncpu=%s\nblas=%s\n' "$sampling" "$schedule" "$cpu" "$blas" > "$meta"
+[ -z "$extra" ] || printf '%s\n' "$extra" >> "$meta"
 header="size	optimizer	lr	lr_scale	wd	seed	final_val	bytes_per_step	steps	params"
 if [ "$fresh" = 1 ] || [ ! -s "$results" ]; then
   echo "$header" > "$results"
