@@ -28,8 +28,8 @@
 
 /* Debian 12's libzmq (4.3.4) now and then loses a receive buffer, with the
  * connection metadata it points to, when a peer drops a connection while
- * messages are in flight, which this test does on purpose (1 run in 7 under
- * load). Every frame of those allocations is on libzmq's own I/O thread, and
+ * messages are in flight, which this test does on purpose (2 of 7 runs on a
+ * loaded 2-core machine). Every frame of those allocations is on libzmq's own I/O thread, and
  * every path of ours that receives a message closes it (transport.c,
  * security.c), so the leak check below leaves libzmq's allocations out and
  * holds for everything the syncer and the learners allocate themselves. */
