@@ -13,7 +13,7 @@
 # the memory floor bench_step measures in the same run, and peak resident
 # bytes per parameter (params and grads included).
 set -euo pipefail
-build=build rounds=2 steps=5 layers= tsv=
+build=build rounds=2 steps=5 layers='' tsv=''
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -28,16 +28,14 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "$build" && pwd)
 work=$build/overlap-cost
-prefix=$work/prefix
 rm -rf "$work"
 mkdir -p "$work"
-cmake --install "$build" --prefix "$prefix" > /dev/null
-pc=$(find "$prefix" -name distro.pc -print -quit)
-export PKG_CONFIG_PATH=$(dirname "$pc")
-libdir=$(pkg-config --variable=libdir distro)
-# shellcheck disable=SC2046
+# shellcheck source=bench/installed.sh
+. "$here/installed.sh"
+distro_installed "$build" "$work/prefix"
+# shellcheck disable=SC2086
 cc -O2 -fopenmp -I"$here" -o "$work/bench_step" "$here/bench_step.c" "$here/shapes.c" "$here/bench_util.c" \
-   $(pkg-config --cflags --libs distro) -lm -Wl,-rpath,"$libdir"
+   $DISTRO_CFLAGS $DISTRO_LIBS -lm
 
 cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 echo "== overlap-cost: GPT-2 124M shapes${layers:+ ($layers blocks)}, $rounds rounds, $steps steps after 2 warm-up; $cpu, $(nproc) CPUs; $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -63,16 +61,17 @@ for r in $(seq 1 "$rounds"); do
 done
 
 echo
-echo "mean step over the rounds, and what each overlap mode adds to the blocking step:"
+echo "mean step over the rounds, against the memory floor of the same runs, and what each overlap mode adds to the blocking step:"
 printf '%s\n' "${rows[@]}" | awk -F'\t' '
-  {k = $1 SUBSEP $2; s[k] += $4; if (!(k in n) || $5 + 0 < b[k]) b[k] = $5 + 0; n[k]++; pk[k] = $7}
+  {k = $1 SUBSEP $2; s[k] += $4; f[k] += $6; if (!(k in n) || $5 + 0 < b[k]) b[k] = $5 + 0; n[k]++; pk[k] = $7}
   END {
     split("sign adamw", U, " "); split("off lookahead stale", M, " ")
-    printf "%-8s %-10s %9s %9s %10s %11s\n", "update", "overlap", "mean s", "best s", "vs off s", "B/param"
+    printf "%-8s %-10s %9s %9s %9s %8s %10s %11s\n", "update", "overlap", "mean s", "best s", "floor s", "x floor", "vs off s", "B/param"
     for (i = 1; i <= 2; i++) for (j = 1; j <= 3; j++) {
       k = U[i] SUBSEP M[j]; if (!(k in n)) continue
       off = s[U[i] SUBSEP "off"] / n[U[i] SUBSEP "off"]
-      printf "%-8s %-10s %9.3f %9.3f %+10.3f %11s\n", U[i], M[j], s[k] / n[k], b[k], s[k] / n[k] - off, pk[k]
+      printf "%-8s %-10s %9.3f %9.3f %9.3f %7.1fx %+10.3f %11s\n", U[i], M[j], s[k] / n[k], b[k], f[k] / n[k], s[k] / f[k],
+             s[k] / n[k] - off, pk[k]
     }
   }'
 if [ -n "$tsv" ]; then

@@ -33,14 +33,11 @@ if [ ! -s "$corpus" ]; then
   # shellcheck disable=SC2086
   cat $files > "$corpus"
 fi
-prefix=$work/prefix
-cmake --install "$build" --prefix "$prefix" > /dev/null
-pc=$(find "$prefix" -name distro.pc -print -quit)
-export PKG_CONFIG_PATH=$(dirname "$pc")
-libdir=$(pkg-config --variable=libdir distro)
-# shellcheck disable=SC2046
-cc -O2 -o "$work/plain_loop" "$here/plain_loop.c" $(pkg-config --cflags --libs distro) -lm -Wl,-rpath,"$libdir"
-unset PKG_CONFIG_PATH
+# shellcheck source=bench/installed.sh
+. "$here/../installed.sh"
+distro_installed "$build" "$work/prefix"
+# shellcheck disable=SC2086
+cc -O2 -o "$work/plain_loop" "$here/plain_loop.c" $DISTRO_CFLAGS $DISTRO_LIBS -lm
 loop() { "$work/plain_loop" --data "$corpus" --steps "$steps" "$@"; }
 loss() { sed -n 's/.*held-out loss \([0-9.]*\),.*/\1/p'; }
 

@@ -18,16 +18,14 @@ work=$build/vs_torch
 prefix=$work/prefix
 rm -rf "$prefix" "$work/venv" "$work/src"
 mkdir -p "$work"
-cmake --install "$build" --prefix "$prefix" > /dev/null
-pc=$(find "$prefix" -name distro.pc -print -quit)
-export PKG_CONFIG_PATH=$(dirname "$pc")
-libdir=$(pkg-config --variable=libdir distro)
-# shellcheck disable=SC2046
-cc -O2 -shared -fPIC -o "$work/libshim.so" "$here/shim.c" $(pkg-config --cflags --libs distro) \
-   -Wl,-rpath,"$libdir"
+# shellcheck source=bench/installed.sh
+. "$here/../installed.sh"
+distro_installed "$build" "$prefix"
+# shellcheck disable=SC2086
+cc -O2 -shared -fPIC -o "$work/libshim.so" "$here/shim.c" $DISTRO_CFLAGS $DISTRO_LIBS
 "$py" -m venv --system-site-packages "$work/venv"
 cp -r "$here/../../python" "$work/src"
 rm -rf "$work/src/build" "$work/src"/*.egg-info
-"$work/venv/bin/pip" install -q --no-index --no-deps --no-build-isolation "$work/src"
+PKG_CONFIG_PATH=$DISTRO_PKG_CONFIG_PATH "$work/venv/bin/pip" install -q --no-index --no-deps --no-build-isolation "$work/src"
 cd "$work"
 exec "$work/venv/bin/python" "$here/vs_torch.py" --shim "$work/libshim.so" "$@"
