@@ -9,8 +9,7 @@
  *    stopped peer) is reported by the next call on every rank, and nothing
  *    of it is applied anywhere; with LOOKAHEAD the failing call leaves the
  *    agreed parameters (the provisional step itself: test_lookahead.c);
- *  - LOOKAHEAD: save/load refuse an exchange in flight, and a flushed save
- *    resumes bit for bit;
+ *  - saves and loads: test_overlap_save.c;
  *  - what it refuses: AdamW, bad values, ranks that disagree, DiLoCo, a comm
  *    that cannot be duplicated.
  * Inputs are fresh each run; a failure prints DISTRO_TEST_SEED to replay. */
@@ -204,20 +203,12 @@ typedef struct {
   float *snap[FX_CALLS][FX_WORLD], *final[FX_WORLD];
 } fx;
 
-static int64_t total(void) {
-  int64_t n = 0;
-  for (int t = 0; t < NT; t++) n += numel(t);
-  return n;
-}
-
 static void fx_grad(const fx *f, int g, int r, float *out) {
   tu_rng rng = {mix(f->seed, (uint64_t)(1000 * g + r + 1))};
   tu_fill_normal(&rng, out, (size_t)total(), 1.0f);
 }
 
 static float fx_lr(int g) { return 0.01f * (1.0f + 0.2f * (float)g); }
-
-static void keep(char *dst, const char *src) { snprintf(dst, 512, "%s", src); }
 
 static distro_status fx_rank(distro_comm *comm, int rank, void *arg) {
   fx *f = arg;
@@ -422,134 +413,6 @@ Test(overlap, stopped_peer_times_out, .timeout = 60) {
   cr_assert_eq(f.flush_st[0], DISTRO_OK, "nothing is in flight after a failure: %s", f.flush_msg[0]);
   expect_lookahead_twin(&f, 2, seed);
   fx_free(&f);
-}
-
-/* ---- save, load, flush ------------------------------------------------------ */
-
-typedef struct {
-  distro_options opt;
-  const char *path;
-  distro_status save_pending, load_pending, flush_idle, save_flushed;
-  char msg_save[512], msg_load[512];
-  int64_t idle_step;
-  uint64_t idle_bytes;
-} sl_case;
-
-static distro_status sl_rank(distro_comm *comm, int rank, void *arg) {
-  sl_case *k = arg;
-  const int64_t n = total();
-  float *p = calloc((size_t)n, sizeof(float)), *g = malloc(sizeof(float) * (size_t)n);
-  distro_optim *o = NULL;
-  distro_status st = distro_optim_create(&k->opt, comm, &o);
-  for (int t = 0, off = 0; t < NT && st == DISTRO_OK; off += (int)numel(t), t++)
-    st = distro_optim_add_param(o, names[t], p + off, g + off, ndims[t], shapes[t]);
-  tu_rng rng = {77 + (uint64_t)rank};
-  tu_fill_normal(&rng, g, (size_t)n, 1.0f);
-  distro_step_stats s;
-  if (st == DISTRO_OK) st = distro_optim_flush(o, &s); /* before any step: nothing to do */
-  if (st == DISTRO_OK && rank == 0) {
-    k->flush_idle = st;
-    k->idle_step = s.step;
-    k->idle_bytes = s.bytes_received;
-  }
-  for (int c = 0; c < 2 && st == DISTRO_OK; c++) st = distro_optim_step(o, 0.01f, NULL);
-  if (st == DISTRO_OK && rank == 0) {
-    char path[512];
-    snprintf(path, sizeof path, "%s.%d", k->path, rank);
-    k->save_pending = distro_optim_save(o, path);
-    keep(k->msg_save, distro_last_error());
-    k->load_pending = distro_optim_load(o, path);
-    keep(k->msg_load, distro_last_error());
-  }
-  if (st == DISTRO_OK) st = distro_optim_flush(o, NULL);
-  if (st == DISTRO_OK) st = distro_optim_flush(o, &s); /* a second flush: nothing left */
-  if (st == DISTRO_OK && rank == 0) {
-    char path[512];
-    snprintf(path, sizeof path, "%s.%d", k->path, rank);
-    k->save_flushed = distro_optim_save(o, path);
-    if (s.step != 2 || s.bytes_received != 0) st = DISTRO_ERR_INVALID;
-  }
-  distro_optim_free(o);
-  free(p);
-  free(g);
-  return st;
-}
-
-Test(overlap, flush_and_save_rules) {
-  char dir[] = "/tmp/distro_overlap_XXXXXX";
-  cr_assert_not_null(mkdtemp(dir));
-  char path[600];
-  snprintf(path, sizeof path, "%s/state", dir);
-  sl_case k = {.opt = mode_opts(&modes[2], DISTRO_OVERLAP_LOOKAHEAD), .path = path};
-  k.save_pending = k.load_pending = k.save_flushed = DISTRO_ERR_CUDA; /* none of the expected */
-  cr_assert_eq(distro_comm_run_local(2, sl_rank, &k), DISTRO_OK, "%s", distro_last_error());
-  cr_assert_eq(k.flush_idle, DISTRO_OK);
-  cr_assert(k.idle_step == 0 && k.idle_bytes == 0);
-  cr_assert_eq(k.save_pending, DISTRO_ERR_INVALID, "save with an exchange in flight: %s",
-               distro_status_string(k.save_pending));
-  cr_assert(strstr(k.msg_save, "distro_optim_flush") != NULL, "%s", k.msg_save);
-  cr_assert_eq(k.load_pending, DISTRO_ERR_INVALID, "load with an exchange in flight: %s",
-               distro_status_string(k.load_pending));
-  cr_assert(strstr(k.msg_load, "distro_optim_flush") != NULL, "%s", k.msg_load);
-  cr_assert_eq(k.save_flushed, DISTRO_OK, "save after the flush failed");
-  for (int r = 0; r < 2; r++) {
-    snprintf(path, sizeof path, "%s/state.%d", dir, r);
-    unlink(path);
-  }
-  rmdir(dir);
-}
-
-/* Saved after a flush at step 3, loaded into a fresh optimizer (with the
- * parameters of that moment), the run continues bit for bit; the state
- * also loads into a blocking optimizer. */
-Test(overlap, flushed_save_resumes_bit_identically, .timeout = 60) {
-  const uint64_t seed = tu_seed();
-  char dir[] = "/tmp/distro_overlap_XXXXXX";
-  cr_assert_not_null(mkdtemp(dir));
-  char fmt[600];
-  snprintf(fmt, sizeof fmt, "%s/state.%%d", dir);
-  const int world = 2, steps = 6, at = 3;
-  dr_run a;
-  setup(&a, mode_opts(&modes[2], DISTRO_OVERLAP_LOOKAHEAD), world, steps, 0, mix(seed, 600));
-  a.save_fmt = fmt;
-  a.save_after = at;
-  a.flush = 1;
-  run_ok(&a, "save", seed);
-  for (int blocking = 0; blocking < 2; blocking++) {
-    dr_run b;
-    setup(&b, mode_opts(&modes[2], blocking ? DISTRO_OVERLAP_OFF : DISTRO_OVERLAP_LOOKAHEAD), world, steps - at, 0,
-          mix(seed, 601));
-    b.flush = 1;
-    b.load_fmt = fmt;
-    for (int t = 0; t < NT; t++) memcpy(b.init[t], dr_snap(&a, at - 1, 0, t), sizeof(float) * (size_t)numel(t));
-    for (int s = 0; s < steps - at; s++) {
-      b.lrs[s] = a.lrs[at + s];
-      for (int r = 0; r < world; r++)
-        for (int t = 0; t < NT; t++)
-          memcpy(b.grads[((size_t)s * world + r) * NT + t], a.grads[((size_t)(at + s) * world + r) * NT + t],
-                 sizeof(float) * (size_t)numel(t));
-    }
-    run_ok(&b, "resume", seed);
-    for (int r = 0; r < world; r++)
-      for (int t = 0; t < NT; t++) {
-        if (!blocking)
-          for (int s = 0; s < steps - at; s++)
-            cr_assert(same(dr_snap(&b, s, r, t), dr_snap(&a, at + s, r, t), t),
-                      "rank %d '%s': the resumed run differs at call %d (DISTRO_TEST_SEED=%llu)", r, names[t],
-                      at + s + 1, (unsigned long long)seed);
-        cr_assert(same(b.final[r * NT + t], a.final[r * NT + t], t),
-                  "rank %d '%s': the %s resumed run ends elsewhere (DISTRO_TEST_SEED=%llu)", r, names[t],
-                  blocking ? "blocking" : "overlapped", (unsigned long long)seed);
-      }
-    dr_run_free(&b);
-  }
-  dr_run_free(&a);
-  char path[700];
-  for (int r = 0; r < world; r++) {
-    snprintf(path, sizeof path, fmt, r);
-    unlink(path);
-  }
-  rmdir(dir);
 }
 
 /* ---- what it refuses ---------------------------------------------------------- */

@@ -116,6 +116,8 @@ Test(state_io, momentum_file_layout) {
   cr_assert(fread(&lr_last, 4, 1, f) == 1 && fread(&seen, 8, 1, f) == 1 && fread(&rise, 8, 1, f) == 1);
   cr_assert(lr_last == lr && seen == 1 && rise == 0, "warm-up record: lr %g, %lld seen, rise %lld", (double)lr_last,
             (long long)seen, (long long)rise);
+  uint32_t pending; /* no exchange in flight (version 4) */
+  cr_assert(fread(&pending, 4, 1, f) == 1 && pending == 0, "pending record %u", pending);
   const struct {
     const float *g;
     int64_t rows, cols, h, w;
@@ -265,6 +267,153 @@ Test(state_io, save_replaces_atomically_and_reports_bad_paths) {
   cr_expect(strstr(distro_last_error(), "/nonexistent/dir") != NULL);
   cr_expect_eq(distro_optim_save(NULL, path), DISTRO_ERR_INVALID);
   cr_expect_eq(distro_optim_load(b->o, NULL), DISTRO_ERR_INVALID);
+  unlink(path);
+  model_free(a);
+  model_free(b);
+}
+
+/* ---- file versions and the record of an exchange in flight --------------- */
+
+/* CRC32C, bit by bit (independent of src/common/crc32c.c). */
+static uint32_t crc32c_ref(const unsigned char *p, size_t n) {
+  uint32_t c = 0xffffffffu;
+  for (size_t i = 0; i < n; i++) {
+    c ^= p[i];
+    for (int b = 0; b < 8; b++) c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+
+static unsigned char *slurp(const char *f, long *n) {
+  *n = file_size(f);
+  unsigned char *buf = malloc((size_t)*n);
+  FILE *in = fopen(f, "rb");
+  cr_assert(in && buf && fread(buf, 1, (size_t)*n, in) == (size_t)*n);
+  fclose(in);
+  uint32_t crc;
+  memcpy(&crc, buf + *n - 4, 4);
+  cr_assert_eq(crc, crc32c_ref(buf, (size_t)*n - 4), "the file's trailer is not the CRC32C of what precedes it");
+  return buf;
+}
+
+/* Writes buf (n bytes, its CRC replaced) to f. */
+static void spill(const char *f, unsigned char *buf, long n) {
+  const uint32_t crc = crc32c_ref(buf, (size_t)n - 4);
+  memcpy(buf + n - 4, &crc, 4);
+  FILE *out = fopen(f, "wb");
+  cr_assert(out && fwrite(buf, 1, (size_t)n, out) == (size_t)n);
+  fclose(out);
+}
+
+#define HEADER 64 /* magic, version, 6 x u32, step, warm-up record */
+
+/* A version 3 file (version 4 without the pending record) still loads and
+ * resumes as the uninterrupted run. */
+Test(state_io, version_3_files_load) {
+  tmp_path();
+  distro_options d = distro_options_default(DISTRO_ALG_DEMO);
+  d.update = DISTRO_UPDATE_ADAMW;
+  d.topk = 8;
+  uint64_t seed = tu_seed();
+  model *a = model_new(d, 96), *b = model_new(d, 96);
+  steps(a, seed, 0, 3);
+  cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK, "%s", distro_last_error());
+  long n;
+  unsigned char *buf = slurp(path, &n);
+  uint32_t v, pending;
+  memcpy(&v, buf + 8, 4);
+  memcpy(&pending, buf + HEADER, 4);
+  cr_assert(v == 4 && pending == 0, "version %u, pending %u", v, pending);
+  v = 3;
+  memcpy(buf + 8, &v, 4);
+  memmove(buf + HEADER, buf + HEADER + 4, (size_t)(n - HEADER - 4));
+  spill(path, buf, n - 4);
+  memcpy(b->p1, a->p1, sizeof a->p1);
+  memcpy(b->p2, a->p2, sizeof a->p2);
+  cr_assert_eq(distro_optim_load(b->o, path), DISTRO_OK, "%s", distro_last_error());
+  steps(a, seed, 3, 8);
+  steps(b, seed, 3, 8);
+  same_params(a, b, "a run resumed from a version 3 file differs");
+  free(buf);
+  unlink(path);
+  model_free(a);
+  model_free(b);
+}
+
+/* A look-ahead state saved in flight (one rank): the pending record, the
+ * staged arrays, the selection and the payload are where the format says;
+ * a file whose record lies (bad mode, payload size beyond the bound, zero
+ * size, a NaN lr, a selected position outside its tile, a NaN selected
+ * value), re-checksummed, is refused as corrupt and leaves a fresh
+ * optimizer fresh; the true file resumes bit for bit. */
+Test(state_io, pending_exchange_record) {
+  tmp_path();
+  distro_options d = distro_options_default(DISTRO_ALG_DEMO);
+  d.chunk = 32; /* w: 6 tiles of 32 x 32, b: 4 of 1 x 25 */
+  d.topk = 8;
+  d.overlap = DISTRO_OVERLAP_LOOKAHEAD;
+  uint64_t seed = tu_seed();
+  model *a = model_new(d, 96);
+  steps(a, seed, 0, 3);
+  cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK, "%s", distro_last_error());
+  uint64_t bound;
+  cr_assert_eq(distro_optim_payload_bytes(a->o, &bound), DISTRO_OK);
+  long n;
+  unsigned char *buf = slurp(path, &n);
+  uint32_t pending;
+  memcpy(&pending, buf + HEADER, 4);
+  cr_assert_eq(pending, (uint32_t)DISTRO_OVERLAP_LOOKAHEAD);
+  /* Per tensor: entry, momentum, staged momentum, agreed parameters, the
+   * selection (k = 8 positions and values per tile). */
+  const long sel_w = HEADER + 4 + 4 + 1 + 4 + 16 + 3 * 4 * N1;
+  const long rec = sel_w + 8 * 6 * 8 + (4 + 1 + 4 + 8 + 3 * 4 * N2 + 8 * 4 * 8);
+  float lr;
+  uint64_t size;
+  memcpy(&lr, buf + rec, 4);
+  memcpy(&size, buf + rec + 4, 8);
+  cr_assert(lr == lr_at(2) && size > 0 && size <= bound && rec + 12 + (long)size + 4 == n,
+            "pending record: lr %g, %llu payload bytes (bound %llu), file %ld bytes", (double)lr,
+            (unsigned long long)size, (unsigned long long)bound, n);
+  char bad[300];
+  snprintf(bad, sizeof bad, "%s.bad", path);
+  const float nan = NAN;
+  uint32_t pos;
+  memcpy(&pos, buf + sel_w, 4);
+  cr_assert_lt(pos, 32 * 32, "w's first selected position %u", pos);
+  for (int k = 0; k < 6; k++) {
+    unsigned char *c = malloc((size_t)n);
+    memcpy(c, buf, (size_t)n);
+    uint32_t mode = 3, far = 32 * 32;
+    uint64_t big = bound + 1, zero = 0;
+    if (k == 0) memcpy(c + HEADER, &mode, 4);
+    if (k == 1) memcpy(c + rec + 4, &big, 8);
+    if (k == 2) memcpy(c + rec + 4, &zero, 8);
+    if (k == 3) memcpy(c + rec, &nan, 4);
+    if (k == 4) memcpy(c + sel_w, &far, 4);
+    if (k == 5) memcpy(c + sel_w + 4 * 6 * 8, &nan, 4);
+    spill(bad, c, n);
+    free(c);
+    model *b = model_new(d, 96), *f = model_new(d, 96);
+    distro_status st = distro_optim_load(b->o, bad);
+    cr_expect_eq(st, DISTRO_ERR_IO, "lie %d: %s (%s)", k, distro_status_string(st), distro_last_error());
+    cr_expect(strstr(distro_last_error(), "corrupt") != NULL, "lie %d: %s", k, distro_last_error());
+    steps(b, seed, 0, 3);
+    steps(f, seed, 0, 3);
+    same_params(b, f, "a refused load changed the optimizer");
+    model_free(b);
+    model_free(f);
+  }
+  unlink(bad);
+  model *b = model_new(d, 96);
+  memcpy(b->p1, a->p1, sizeof a->p1);
+  memcpy(b->p2, a->p2, sizeof a->p2);
+  cr_assert_eq(distro_optim_load(b->o, path), DISTRO_OK, "%s", distro_last_error());
+  steps(a, seed, 3, 7);
+  steps(b, seed, 3, 7);
+  cr_assert_eq(distro_optim_flush(a->o, NULL), DISTRO_OK);
+  cr_assert_eq(distro_optim_flush(b->o, NULL), DISTRO_OK);
+  same_params(a, b, "the run resumed from a save in flight differs");
+  free(buf);
   unlink(path);
   model_free(a);
   model_free(b);

@@ -19,9 +19,8 @@
 # checkpoints itself every --eval-every steps into --ckpt-dir (default
 # ~/.cache/distro-quality, outside the work tree): a run that was cut off
 # (a session's end, a reboot) continues from its last checkpoint when the
-# set is run again, with the same result as an uninterrupted run. Overlap
-# runs are not checkpointed (a save flushes the exchange in flight, which
-# changes their trajectory) and start over when cut off.
+# set is run again, with the same result as an uninterrupted run (overlap
+# runs too: a save keeps the exchange in flight).
 #
 # X-overlap runs optimizer X with --overlap-step (look-ahead), X-stale with
 # --overlap-stale. --wd X sets the decoupled weight decay for every run (the
@@ -138,18 +137,21 @@ if [ -s "$results" ] && [ "$(wc -l < "$results")" -gt 1 ]; then
        exit 2 ;;
   esac
 fi
-# Overlap runs (X-overlap, X-stale) are not checkpointed: a save must first
-# apply the exchange in flight (distro_optim_flush), so the next gradient is
-# taken at the agreed parameters, as the blocking step takes it, and a run
-# saved every --eval-every steps is in part a blocking one (demo size, seed
-# 1, look-ahead: 2.5957 saved every 25 steps, 2.6046 without). Until
-# 2026-12-06 they were checkpointed; a set with overlap rows from then says
-# so in NAME.meta and takes no more of them.
-ovl="not checkpointed (no flush before the end)"
+# Overlap runs (X-overlap, X-stale): a save keeps the exchange in flight,
+# so a checkpointed run is the run that never saves, bit for bit. From
+# 2026-12-02 to 2026-12-06 a save first applied the exchange in flight, so
+# the next gradient was taken at the agreed parameters, as the blocking
+# step takes it, and a run saved every --eval-every steps was in part a
+# blocking one (demo size, seed 1, look-ahead: 2.5957 against 2.6046); for
+# the rest of 2026-12-06 overlap runs were not checkpointed, which gives
+# the same runs as now. A set with flushed overlap rows says so in
+# NAME.meta and takes no more of them.
+ovl="exact: the run that does not save (not checkpointed, or checkpointed keeping the exchange in flight)"
 hado=$(sed -n 's/^overlap=//p' "$meta" 2> /dev/null || true)
 if [ -z "$hado" ] && [ -s "$results" ] && awk -F'\t' '$2 ~ /-(overlap|stale)$/ {f = 1} END {exit !f}' "$results"; then
   hado="not recorded (if run from 2026-12-02 to 2026-12-06, flushed at every checkpoint)"
 fi
+case "$hado" in "not checkpointed"*) hado=$ovl ;; esac # the same runs
 if [ -n "$hado" ] && [ "$hado" != "$ovl" ] && [[ ",$optims," =~ -(overlap|stale), ]]; then
   echo "quality: set $set's overlap runs were $hado; use another --set" >&2; exit 2
 fi
@@ -206,13 +208,12 @@ for size in "${S[@]}"; do
           *-overlap) gopt=${opt%-overlap} extra="--overlap-step" ;;
           *-stale) gopt=${opt%-stale} extra="--overlap-stale" ;;
         esac
-        # Checkpoints (not for DiLoCo, whose trainer does not save, nor for
-        # the overlap runs, which a save would flush; see above): resume
+        # Checkpoints (not for DiLoCo, whose trainer does not save): resume
         # a run that was cut off; its CSV then holds the steps after the
         # checkpoint twice, and the last copy of each step is kept below.
         every=$(echo "$flags" | awk '{for (i = 1; i < NF; i++) if ($i == "--eval-every") n = $(i+1)} END {print n}')
         save="" ck=$ckpt/$tag.ckpt
-        case "$opt" in diloco | *-overlap | *-stale) ;; *) save="--save $ck --save-every $every" ;; esac
+        [ "$opt" = diloco ] || save="--save $ck --save-every $every"
         if [ -n "$save" ] && [ -s "$ck" ]; then
           save="$save --resume $ck"; echo "[$k/$total] $tag: resuming from $ck"
         else

@@ -111,7 +111,10 @@ DISTRO_API distro_status distro_cuda_optim_flush(distro_cuda_optim *o, distro_st
  * fsync, rename) with a CRC32C trailer; the load verifies the whole file on
  * the host and swaps fresh device buffers in only when everything checked
  * out, so a failed load changes nothing. Both allocate the device state
- * when no step has run yet. Parameters are not part of the state. */
+ * when no step has run yet. Parameters are not part of the state. With
+ * overlap, unlike the CPU optimizer's, both need the exchange flushed
+ * first, and a CPU state saved with an exchange in flight does not load
+ * here (DISTRO_ERR_SHAPE). */
 DISTRO_API distro_status distro_cuda_optim_save(const distro_cuda_optim *o, const char *path);
 DISTRO_API distro_status distro_cuda_optim_load(distro_cuda_optim *o, const char *path);
 

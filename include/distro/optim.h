@@ -166,8 +166,9 @@ DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name
  *    changes the caller makes to its parameters while an exchange is in
  *    flight are lost; without one in flight (the first step, after a flush
  *    or a failure) the caller's parameters are taken as the agreed ones.
- *    Evaluate, save or compare ranks after distro_optim_flush: the
- *    parameters are then the agreed ones, bit-identical on every rank.
+ *    Compare ranks after distro_optim_flush: the parameters are then the
+ *    agreed ones, bit-identical on every rank. A checkpoint needs no flush
+ *    (see distro_optim_save), so saving does not change the run.
  *  - The first step (and the first after a flush or a failure) has nothing
  *    to apply: the agreed parameters do not move. Stats report the exchange
  *    that completed in the call (bytes, decode, dropped peers);
@@ -196,17 +197,29 @@ DISTRO_API distro_status distro_optim_step(distro_optim *o, float lr, distro_ste
  * aggregate, so the parameters are the agreed ones: those the blocking step
  * would give after the same steps, on every rank (LOOKAHEAD: without the
  * provisional step). Call it on every rank after the last step (before the
- * final evaluation), and before distro_optim_save. Without an exchange in
+ * final evaluation). An exchange restored by distro_optim_load is sent
+ * again and applied here too (collective, like a step). Without an exchange in
  * flight (or without overlap) it does nothing and returns DISTRO_OK. A
  * failed exchange is reported as by distro_optim_step. Stats (may be NULL)
  * report the exchange it completed. */
 DISTRO_API distro_status distro_optim_flush(distro_optim *o, distro_step_stats *stats);
 
 /* Optimizer state (momenta, moments, step count), atomic and checksummed.
- * Parameters are the caller's and are not saved here. With an exchange in
- * flight (overlap) both fail with DISTRO_ERR_INVALID: call
- * distro_optim_flush first. A state saved with overlap loads without it and
- * vice versa. */
+ * Parameters are the caller's and are not saved here.
+ * Overlap: a save with an exchange in flight does not wait for it; it keeps
+ * what that step staged, this rank's payload and, with LOOKAHEAD, the
+ * agreed parameters and this rank's selection (4 more bytes per parameter
+ * per staged array, plus the payload). Such a state loads only into an
+ * optimizer with the same options.overlap (else DISTRO_ERR_SHAPE), whose
+ * next step or flush sends that payload again (every rank must load states
+ * saved at the same step). With STALE, restore the caller's parameters as
+ * they were at the save; with LOOKAHEAD the load itself sets them, on each
+ * rank, to the agreed ones plus that rank's provisional step (restore the
+ * parameters before the load, or not at all). The run then goes on bit for
+ * bit as the one that saved, and saving does not change it. A state saved
+ * with nothing in flight (after a flush, or without overlap) loads with or
+ * without overlap. Load fails with DISTRO_ERR_INVALID while an exchange is
+ * in flight. */
 DISTRO_API distro_status distro_optim_save(const distro_optim *o, const char *path);
 DISTRO_API distro_status distro_optim_load(distro_optim *o, const char *path);
 

@@ -483,13 +483,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       iv_tokens = iv_time = 0;
     }
     if (saves) {
-      /* A state with an exchange in flight cannot be saved: apply it first
-       * (the resumed run and this one then continue alike). */
-      if (c->overlap_step && flush_step(opt, comm, &tot_sent, &tot_recv, err, sizeof err) != 0) {
-        ok = 0;
-        who = 0;
-        goto done;
-      }
+      /* With --overlap-step the optimizer's state keeps the exchange in
+       * flight (distro_optim_save), so saving does not change the run. */
       if (log) fflush(log); /* the log holds every step the checkpoint does */
       who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, rng.s, err, sizeof err);
       if (who != -1) goto done;

@@ -239,13 +239,15 @@ static uint64_t param_hash(const distro__param *p) {
 }
 
 typedef struct {
-  uint64_t ok, nparams, options_hash, list_hash;
+  uint64_t ok, nparams, options_hash, list_hash, pending;
 } signature;
 
 distro_status distro__optim_verify(distro_optim *o, int local_ok) {
   distro_status st = DISTRO_OK;
   const int world = o->comm->size, rank = o->comm->rank;
-  signature mine = {(uint64_t)(local_ok != 0), (uint64_t)o->nparams, DISTRO__FNV1A_INIT, DISTRO__FNV1A_INIT}, *all = NULL;
+  signature mine = {(uint64_t)(local_ok != 0), (uint64_t)o->nparams, DISTRO__FNV1A_INIT, DISTRO__FNV1A_INIT,
+                    (uint64_t)distro__overlap_pending(o)},
+            *all = NULL;
   uint64_t *hashes = NULL, *all_hashes = NULL;
   int32_t fields[7] = {(int32_t)o->opt.algorithm, (int32_t)o->opt.update, (int32_t)o->opt.values, o->opt.chunk,
                        o->opt.topk, o->opt.wire_version, o->opt.overlap};
@@ -265,6 +267,9 @@ distro_status distro__optim_verify(distro_optim *o, int local_ok) {
   for (int r = 0; r < world; r++) {
     if (all[r].options_hash != all[0].options_hash)
       DISTRO_FAIL(DISTRO_ERR_SHAPE, "rank %d uses different optimizer options (algorithm/update/values/chunk/topk/wire version/overlap) than rank 0", r);
+    if (all[r].pending != all[0].pending) /* states loaded from different saves */
+      DISTRO_FAIL(DISTRO_ERR_SHAPE, "rank %d %s an exchange in flight and rank 0 %s: load states saved at the same step",
+                  r, all[r].pending ? "resumes with" : "resumes without", all[0].pending ? "does" : "does not");
     if (all[r].nparams != all[0].nparams || all[r].list_hash != all[0].list_hash) differ = 1;
     if (all[r].nparams > maxn) maxn = all[r].nparams;
   }
@@ -354,6 +359,11 @@ distro_status distro_optim_flush(distro_optim *o, distro_step_stats *stats) {
   memset(&s, 0, sizeof s);
   distro_status st = DISTRO_OK;
   if (distro__overlap_pending(o)) {
+    /* A loaded state's exchange, flushed before any step: the ranks agree
+     * first, as at a first step, and the exchange needs its comm. */
+    if (!o->verified) st = distro__optim_verify(o, 1);
+    if (st == DISTRO_OK) st = distro__overlap_attach(o);
+    if (st != DISTRO_OK) return st;
     const int caller_threads = omp_get_max_threads();
     if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
     st = distro__overlap_flush(o, &s);

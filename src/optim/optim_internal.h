@@ -104,7 +104,19 @@ distro_status distro__overlap_attach(distro_optim *o); /* collective: the privat
 distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats *s);
 /* Waits for the exchange in flight, if any, and applies it. */
 distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s);
+/* An exchange not yet applied: handed over, or restored by a load. */
 int distro__overlap_pending(const distro_optim *o);
+/* An exchange handed over to the helper and not yet waited for. */
+int distro__overlap_in_flight(const distro_optim *o);
+/* What a state file keeps of a pending exchange: 1 with this rank's payload
+ * size (the payload is in o->send, which the helper only reads) and the
+ * step's lr; 0 if none is pending. */
+int distro__overlap_saved(const distro_optim *o, size_t *size, float *lr);
+/* A loaded state's pending exchange (o->step, the ramp and the staged state
+ * already restored): the payload (size <= o->slot bytes) is sent again at
+ * the next step or flush, before anything else; with look-ahead the
+ * caller's parameters are rebuilt now. NULL clears one restored earlier. */
+void distro__overlap_restore(distro_optim *o, const uint8_t *payload, size_t size, float lr);
 void distro__overlap_free(distro_optim *o);
 
 /* The overlapped step of an optimizer whose state lives elsewhere (the

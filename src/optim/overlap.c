@@ -49,6 +49,8 @@ struct distro__overlap {
   int64_t step;      /* the step stamped in the payloads */
   /* Caller's thread only. */
   int pending;       /* an exchange was handed over and not yet waited for */
+  int replay;        /* a loaded state's exchange, not yet handed over: its
+                        payload is in the send buffer, size and lr below */
   float lr;          /* the lr of the pending step, for its apply */
 };
 
@@ -106,7 +108,9 @@ distro_status distro__overlap_attach(distro_optim *o) {
   return DISTRO_OK;
 }
 
-int distro__overlap_pending(const distro_optim *o) { return o->ov && o->ov->pending; }
+int distro__overlap_pending(const distro_optim *o) { return o->ov && (o->ov->pending || o->ov->replay); }
+
+int distro__overlap_in_flight(const distro_optim *o) { return o->ov && o->ov->pending; }
 
 /* Look-ahead: the caller's parameters become the agreed ones (to_caller)
  * or the other way round. */
@@ -124,6 +128,30 @@ static void copy_agreed(distro_optim *o, int to_caller) {
 static float ahead_step(const distro_optim *o, float lr, int64_t t) {
   if (o->opt.update == DISTRO_UPDATE_SIGN) return DISTRO__AHEAD_SIGN * lr;
   return DISTRO__AHEAD_ADAMW * distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp);
+}
+
+int distro__overlap_saved(const distro_optim *o, size_t *size, float *lr) {
+  if (!distro__overlap_pending(o)) return 0;
+  *size = o->ov->size;
+  *lr = o->ov->lr;
+  return 1;
+}
+
+void distro__overlap_restore(distro_optim *o, const uint8_t *payload, size_t size, float lr) {
+  distro__overlap *ov = o->ov;
+  ov->replay = payload != NULL;
+  if (!payload) return;
+  memcpy(o->send, payload, size);
+  ov->size = size;
+  ov->lr = lr;
+  /* Look-ahead: the caller's parameters become this rank's as the saving
+   * step left them, the agreed ones minus its provisional step, rebuilt
+   * from the saved selection and staged momentum by the same code. */
+  if (o->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD) {
+    distro_step_stats s;
+    memset(&s, 0, sizeof s);
+    distro__demo_apply(o, 0, 0.0f, o->step, ahead_step(o, lr, o->step + 1), &s);
+  }
 }
 
 /* Waits for the exchange in flight; on success its buffers become the
@@ -193,12 +221,22 @@ static void hand_over(distro_optim *o, size_t size, float lr) {
   ov->pending = 1;
 }
 
+/* A loaded state's exchange (distro__overlap_restore) starts now: every
+ * rank resuming from the same save sends again what it had in flight. */
+static void replay(distro_optim *o) {
+  distro__overlap *ov = o->ov;
+  if (!ov->replay) return;
+  ov->replay = 0;
+  hand_over(o, ov->size, ov->lr);
+}
+
 distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats *s) {
   distro__overlap *ov = o->ov;
   int apply = 0;
   float lr_prev = 0.0f;
   distro_status cst = check_comm(o);
   if (cst != DISTRO_OK) return cst;
+  replay(o);
   if (ov->pending) {
     distro_status st = wait_exchange(o, s, 1);
     if (st != DISTRO_OK) return st;
@@ -224,7 +262,10 @@ distro_status distro__overlap_step(distro_optim *o, float lr, distro_step_stats 
 
 distro_status distro__overlap_flush(distro_optim *o, distro_step_stats *s) {
   distro__overlap *ov = o->ov;
-  if (!ov || !ov->pending) return DISTRO_OK;
+  if (!distro__overlap_pending(o)) return DISTRO_OK;
+  distro_status cst = check_comm(o);
+  if (cst != DISTRO_OK) return cst;
+  replay(o);
   distro_status st = wait_exchange(o, s, 1);
   if (st != DISTRO_OK) return st;
   distro__demo_commit(o);

@@ -9,6 +9,14 @@
  * f32 lr of the latest step | i64 steps observed | i64 steps of the rise
  * (0: still rising). Version 2 files still load, as if the warm-up were
  * over (a state saved after the rise resumes as it would have run before).
+ * Version 4 adds, after the warm-up, u32 pending: 0, or the options.overlap
+ * mode of a save made with an exchange in flight. Then each tensor's arrays
+ * are followed by what that exchange's step staged (the momentum; DisTrO-
+ * AdamW's v; with look-ahead the agreed parameters, then the selection as
+ * u32 positions and f32 values, k per tile), and the tensors by f32
+ * lr of that step | u64 n | this rank's payload (n bytes), which the loaded
+ * optimizer sends again at its next step or flush: a run resumed from such
+ * a save goes on as the one that saved it (docs/design.md "Overlap").
  * Saves go to a temporary file that is synced and renamed over the target,
  * so a crash leaves either the old or the new file. Loads verify everything
  * into fresh buffers and swap them in only at the end. */
@@ -22,7 +30,7 @@
 #include "optim/optim_internal.h"
 
 #define STATE_MAGIC "DSTROPT"
-#define STATE_VERSION 3u
+#define STATE_VERSION 4u
 
 int distro__state_arrays(const distro_options *o, distro__state_array out[3]) {
   int n = 0;
@@ -108,10 +116,12 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
   DISTRO__NONNULL("distro_optim_save", path);
   if (!*path) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_save: argument 'path' is empty");
   distro_optim *o = (distro_optim *)co; /* prepare() allocates lazily; no observable change */
-  if (distro__overlap_pending(o))
-    return distro__fail(DISTRO_ERR_INVALID,
-                        "distro_optim_save: an exchange is in flight (options.overlap); call distro_optim_flush first");
   DISTRO_CHECK(distro__optim_prepare(o));
+  /* An exchange in flight is saved as it was sent: the helper thread only
+   * reads the send buffer, and nothing here waits for it. */
+  size_t psize = 0;
+  float plr = 0.0f;
+  const int pending = distro__overlap_saved(o, &psize, &plr);
   DISTRO_CHECK(distro__afile_open(&w, path));
   distro__afile_write(&w, STATE_MAGIC, 8);
   distro__afile_u32(&w, STATE_VERSION);
@@ -124,12 +134,30 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
   distro__afile_u32(&w, lr_bits);
   distro__afile_u64(&w, (uint64_t)o->ramp.seen);
   distro__afile_u64(&w, (uint64_t)o->ramp.rise);
+  distro__afile_u32(&w, pending ? (uint32_t)o->opt.overlap : 0u);
   distro__state_array kinds[3];
   const int arrays = distro__state_arrays(&o->opt, kinds);
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     distro__state_put_tensor(&w, p);
     for (int a = 0; a < arrays; a++) put_array(&w, o, p, kinds[a], *param_array(p, kinds[a]));
+    if (!pending) continue;
+    put_array(&w, o, p, DISTRO__STATE_MOM, p->mom_next);
+    if (p->v_next) put_array(&w, o, p, DISTRO__STATE_V, p->v_next);
+    if (!p->base) continue;
+    /* Look-ahead: the agreed parameters, and this rank's selection before
+     * quantization, from which the load rebuilds its provisional step. */
+    put_array(&w, o, p, DISTRO__STATE_V, p->base); /* the tensor's layout, as v */
+    const size_t sel = (size_t)(p->tiling.nchunks * p->tiling.k);
+    distro__afile_write(&w, p->idx, sizeof(uint32_t) * sel);
+    distro__afile_write(&w, p->val, sizeof(float) * sel);
+  }
+  if (pending) {
+    uint32_t plr_bits;
+    memcpy(&plr_bits, &plr, 4);
+    distro__afile_u32(&w, plr_bits);
+    distro__afile_u64(&w, (uint64_t)psize);
+    distro__afile_write(&w, o->send, psize);
   }
   return distro__afile_commit(&w);
 fail:
@@ -140,11 +168,13 @@ fail:
 distro_status distro_optim_load(distro_optim *o, const char *path) {
   distro_status st = DISTRO_OK;
   distro__rfile r = {0};
-  float **fresh = NULL;
+  float **fresh = NULL, **fval = NULL;
+  uint32_t **fidx = NULL;
+  uint8_t *payload = NULL;
   int nfresh = 0;
   DISTRO__NONNULL("distro_optim_load", o);
   DISTRO__NONNULL("distro_optim_load", path);
-  if (distro__overlap_pending(o))
+  if (distro__overlap_in_flight(o))
     return distro__fail(DISTRO_ERR_INVALID,
                         "distro_optim_load: an exchange is in flight (options.overlap); call distro_optim_flush first");
   DISTRO_CHECK(distro__optim_prepare(o));
@@ -155,12 +185,13 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   DISTRO_CHECK(distro__rfile_read(&r, magic, 8));
   if (memcmp(magic, STATE_MAGIC, 8) != 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s' is not a distro optimizer state file", path);
   DISTRO_CHECK(distro__rfile_read(&r, &version, 4));
-  if (version != STATE_VERSION && version != 2u)
+  if (version < 2u || version > STATE_VERSION)
     DISTRO_FAIL(DISTRO_ERR_IO, "'%s': unsupported state version %u", path, version);
   for (int i = 0; i < 6; i++) DISTRO_CHECK(distro__rfile_read(&r, &hdr[i], 4));
   DISTRO_CHECK(distro__rfile_read(&r, &step, 8));
   distro__ramp ramp = {0.0f, step, step > 0}; /* version 2: the warm-up is over */
-  if (version == STATE_VERSION) {
+  uint32_t pending = 0;
+  if (version >= 3u) {
     DISTRO_CHECK(distro__rfile_read(&r, &ramp.lr_last, 4));
     DISTRO_CHECK(distro__rfile_read(&r, &ramp.seen, 8));
     DISTRO_CHECK(distro__rfile_read(&r, &ramp.rise, 8));
@@ -168,6 +199,7 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
       DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt warm-up record (lr %g, %lld steps seen, rise %lld)", path,
                   (double)ramp.lr_last, (long long)ramp.seen, (long long)ramp.rise);
   }
+  if (version >= 4u) DISTRO_CHECK(distro__rfile_read(&r, &pending, 4));
   if (hdr[0] != (uint32_t)o->opt.algorithm || hdr[1] != (uint32_t)o->opt.update)
     DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved by a different algorithm or update rule", path);
   if (o->opt.algorithm == DISTRO_ALG_DEMO && (hdr[3] != (uint32_t)o->opt.chunk || hdr[4] != (uint32_t)o->opt.topk))
@@ -176,38 +208,95 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   if (hdr[5] != (uint32_t)o->nparams)
     DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' holds %u tensors, this optimizer has %d", path, hdr[5], o->nparams);
   if (step < 0) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': negative step count", path);
+  if (pending > (uint32_t)DISTRO_OVERLAP_STALE) DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt overlap record (%u)", path, pending);
+  if (pending && !(o->ov && o->mom_tiled && pending == (uint32_t)o->opt.overlap))
+    DISTRO_FAIL(DISTRO_ERR_SHAPE,
+                "'%s' was saved with an exchange in flight (options.overlap %s); it loads only into a CPU optimizer "
+                "with the same overlap mode (or save after distro_optim_flush)",
+                path, pending == (uint32_t)DISTRO_OVERLAP_LOOKAHEAD ? "LOOKAHEAD" : "STALE");
   distro__state_array kinds[3];
   const int arrays = distro__state_arrays(&o->opt, kinds);
-  fresh = calloc((size_t)o->nparams * (size_t)arrays, sizeof *fresh);
-  if (!fresh) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
+  fresh = calloc((size_t)o->nparams * (size_t)(arrays + 3), sizeof *fresh);
+  fidx = calloc((size_t)o->nparams, sizeof *fidx);
+  fval = calloc((size_t)o->nparams, sizeof *fval);
+  if (!fresh || !fidx || !fval) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory");
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     DISTRO_CHECK(distro__state_check_tensor(&r, p, i));
-    for (int a = 0; a < arrays; a++) {
+    /* Its arrays, then what a pending exchange staged (as saved). */
+    const int staged = pending ? 1 + (p->v_next != NULL) + (p->base != NULL) : 0;
+    for (int a = 0; a < arrays + staged; a++) {
       float *buf = malloc(sizeof(float) * (size_t)(p->numel ? p->numel : 1));
       if (!buf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", p->name);
       fresh[nfresh++] = buf;
-      DISTRO_CHECK(get_array(&r, o, p, kinds[a], buf));
+      DISTRO_CHECK(get_array(&r, o, p, a < arrays ? kinds[a] : a == arrays ? DISTRO__STATE_MOM : DISTRO__STATE_V, buf));
     }
+    if (pending && p->base) { /* the selection: positions inside each tile, finite values */
+      const int64_t sel = p->tiling.nchunks * p->tiling.k;
+      fidx[i] = malloc(sizeof(uint32_t) * (size_t)(sel ? sel : 1));
+      fval[i] = malloc(sizeof(float) * (size_t)(sel ? sel : 1));
+      if (!fidx[i] || !fval[i]) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", p->name);
+      DISTRO_CHECK(distro__rfile_read(&r, fidx[i], sizeof(uint32_t) * (size_t)sel));
+      DISTRO_CHECK(distro__rfile_read(&r, fval[i], sizeof(float) * (size_t)sel));
+      for (int64_t j = 0; j < sel; j++)
+        if (fidx[i][j] >= (uint32_t)p->tiling.chunk_elems || !isfinite(fval[i][j]))
+          DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt selection of '%s' (entry %lld: position %u of %lld, value %g)", path,
+                      p->name, (long long)j, fidx[i][j], (long long)p->tiling.chunk_elems, (double)fval[i][j]);
+    }
+  }
+  size_t psize = 0;
+  float plr = 0.0f;
+  if (pending) {
+    uint64_t n;
+    DISTRO_CHECK(distro__rfile_read(&r, &plr, 4));
+    DISTRO_CHECK(distro__rfile_read(&r, &n, 8));
+    if (!(isfinite(plr) && plr >= 0) || n == 0 || n > (uint64_t)o->slot)
+      DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt pending exchange (lr %g, %llu payload bytes, at most %zu)", path,
+                  (double)plr, (unsigned long long)n, o->slot);
+    psize = (size_t)n;
+    payload = malloc(psize);
+    if (!payload) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", path);
+    DISTRO_CHECK(distro__rfile_read(&r, payload, psize));
   }
   DISTRO_CHECK(distro__rfile_finish(&r));
   /* Everything checked: swap the fresh arrays in. */
   for (int i = 0, n = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
-    for (int a = 0; a < arrays; a++, n++) {
-      float **slot = param_array(p, kinds[a]);
+    float **staged[3] = {&p->mom_next, p->v_next ? &p->v_next : &p->base, &p->base};
+    const int nstaged = pending ? 1 + (p->v_next != NULL) + (p->base != NULL) : 0;
+    for (int a = 0; a < arrays + nstaged; a++, n++) {
+      float **slot = a < arrays ? param_array(p, kinds[a]) : staged[a - arrays];
       free(*slot);
       *slot = fresh[n];
       fresh[n] = NULL;
     }
+    if (fidx[i]) {
+      free(p->idx);
+      free(p->val);
+      p->idx = fidx[i];
+      p->val = fval[i];
+      fidx[i] = NULL;
+      fval[i] = NULL;
+    }
   }
   o->step = step;
   o->ramp = ramp;
+  if (o->ov) distro__overlap_restore(o, payload, psize, plr); /* NULL: nothing pending */
   free(fresh);
+  free(fidx);
+  free(fval);
+  free(payload);
   return DISTRO_OK;
 fail:
   distro__rfile_close(&r);
   for (int i = 0; i < nfresh; i++) free(fresh[i]);
+  for (int i = 0; fidx && fval && i < o->nparams; i++) {
+    free(fidx[i]);
+    free(fval[i]);
+  }
   free(fresh);
+  free(fidx);
+  free(fval);
+  free(payload);
   return st;
 }

@@ -580,7 +580,7 @@ static distro_status dr_rank(distro_comm *c, int rank, void *arg) {
       }
     }
     const int save_here = x->save_fmt && s + 1 == x->save_after;
-    if (save_here && x->opt.overlap) {
+    if (save_here && x->opt.overlap && !x->save_in_flight) {
       st = distro_optim_flush(o, NULL);
       if (st) { dr_fail(x, rank, "flush before save", st); goto done; }
     }

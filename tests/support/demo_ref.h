@@ -120,7 +120,8 @@ typedef struct dr_run {
   double *lrs;                     /* [s], passed to distro_optim_step */
   const char *load_fmt;            /* optional: "%d" = rank; loaded before step 1 */
   const char *save_fmt;            /* optional: saved after step save_after */
-  int save_after;                  /* (with overlap: flushed first, before the snapshot) */
+  int save_after;                  /* (with overlap: flushed first, before the snapshot, */
+  int save_in_flight;              /*  unless this is set) */
   dr_grad_fn grad_fn;              /* optional: gradients from the parameters; the
                                       ones used are written back into grads */
   int flush;                       /* call distro_optim_flush after the last step */

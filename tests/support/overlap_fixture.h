@@ -18,6 +18,15 @@ static uint64_t mix(uint64_t seed, uint64_t a) {
 
 static int64_t numel(int t) { return dr_shape_numel(ndims[t], shapes[t]); }
 
+/* Elements of all tensors. */
+static inline int64_t total(void) {
+  int64_t n = 0;
+  for (int t = 0; t < NT; t++) n += numel(t);
+  return n;
+}
+
+static inline void keep(char *dst, const char *src) { snprintf(dst, 512, "%s", src); }
+
 static void setup(dr_run *x, distro_options opt, int world, int steps, int threads, uint64_t seed) {
   memset(x, 0, sizeof *x);
   x->opt = opt;
