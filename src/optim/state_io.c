@@ -43,6 +43,17 @@ static float **param_array(distro__param *p, distro__state_array a) {
   return a == DISTRO__STATE_MOM ? &p->mom : a == DISTRO__STATE_M ? &p->m : &p->v;
 }
 
+/* What an exchange in flight staged for tensor p, in file order: the
+ * momentum, DisTrO-AdamW's v (with overlap), the agreed parameters
+ * (look-ahead). Returns how many (<= 3). */
+static int staged_arrays(distro__param *p, float **out[3]) {
+  int n = 0;
+  out[n++] = &p->mom_next;
+  if (p->v_next) out[n++] = &p->v_next;
+  if (p->base) out[n++] = &p->base;
+  return n;
+}
+
 /* Start of tensor row r's part in tile column tc of a tile-by-tile array. */
 static int64_t tiled_row(const distro__tiling *t, int64_t r, int64_t tc) {
   return ((r / t->h) * t->tiles_c + tc) * t->chunk_elems + (r % t->h) * t->w;
@@ -142,12 +153,12 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
     distro__state_put_tensor(&w, p);
     for (int a = 0; a < arrays; a++) put_array(&w, o, p, kinds[a], *param_array(p, kinds[a]));
     if (!pending) continue;
-    put_array(&w, o, p, DISTRO__STATE_MOM, p->mom_next);
-    if (p->v_next) put_array(&w, o, p, DISTRO__STATE_V, p->v_next);
+    float **staged[3];
+    const int ns = staged_arrays(p, staged); /* the momentum tile by tile, the others as v */
+    for (int a = 0; a < ns; a++) put_array(&w, o, p, a == 0 ? DISTRO__STATE_MOM : DISTRO__STATE_V, *staged[a]);
     if (!p->base) continue;
-    /* Look-ahead: the agreed parameters, and this rank's selection before
-     * quantization, from which the load rebuilds its provisional step. */
-    put_array(&w, o, p, DISTRO__STATE_V, p->base); /* the tensor's layout, as v */
+    /* Look-ahead: this rank's selection before quantization, from which
+     * the load rebuilds its provisional step. */
     const size_t sel = (size_t)(p->tiling.nchunks * p->tiling.k);
     distro__afile_write(&w, p->idx, sizeof(uint32_t) * sel);
     distro__afile_write(&w, p->val, sizeof(float) * sel);
@@ -224,8 +235,9 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
     distro__param *p = &o->params[i];
     DISTRO_CHECK(distro__state_check_tensor(&r, p, i));
     /* Its arrays, then what a pending exchange staged (as saved). */
-    const int staged = pending ? 1 + (p->v_next != NULL) + (p->base != NULL) : 0;
-    for (int a = 0; a < arrays + staged; a++) {
+    float **staged[3];
+    const int ns = pending ? staged_arrays(p, staged) : 0;
+    for (int a = 0; a < arrays + ns; a++) {
       float *buf = malloc(sizeof(float) * (size_t)(p->numel ? p->numel : 1));
       if (!buf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", p->name);
       fresh[nfresh++] = buf;
@@ -262,9 +274,9 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   /* Everything checked: swap the fresh arrays in. */
   for (int i = 0, n = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
-    float **staged[3] = {&p->mom_next, p->v_next ? &p->v_next : &p->base, &p->base};
-    const int nstaged = pending ? 1 + (p->v_next != NULL) + (p->base != NULL) : 0;
-    for (int a = 0; a < arrays + nstaged; a++, n++) {
+    float **staged[3];
+    const int ns = pending ? staged_arrays(p, staged) : 0;
+    for (int a = 0; a < arrays + ns; a++, n++) {
       float **slot = a < arrays ? param_array(p, kinds[a]) : staged[a - arrays];
       free(*slot);
       *slot = fresh[n];
