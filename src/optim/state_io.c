@@ -54,6 +54,10 @@ static int staged_arrays(distro__param *p, float **out[3]) {
   return n;
 }
 
+/* The layout staged array a is stored in: the momentum tile by tile, the
+ * others in the tensor's layout (as v). */
+static distro__state_array staged_kind(int a) { return a == 0 ? DISTRO__STATE_MOM : DISTRO__STATE_V; }
+
 /* Start of tensor row r's part in tile column tc of a tile-by-tile array. */
 static int64_t tiled_row(const distro__tiling *t, int64_t r, int64_t tc) {
   return ((r / t->h) * t->tiles_c + tc) * t->chunk_elems + (r % t->h) * t->w;
@@ -154,8 +158,8 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
     for (int a = 0; a < arrays; a++) put_array(&w, o, p, kinds[a], *param_array(p, kinds[a]));
     if (!pending) continue;
     float **staged[3];
-    const int ns = staged_arrays(p, staged); /* the momentum tile by tile, the others as v */
-    for (int a = 0; a < ns; a++) put_array(&w, o, p, a == 0 ? DISTRO__STATE_MOM : DISTRO__STATE_V, *staged[a]);
+    const int ns = staged_arrays(p, staged);
+    for (int a = 0; a < ns; a++) put_array(&w, o, p, staged_kind(a), *staged[a]);
     if (!p->base) continue;
     /* Look-ahead: this rank's selection before quantization, from which
      * the load rebuilds its provisional step. */
@@ -241,7 +245,7 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
       float *buf = malloc(sizeof(float) * (size_t)(p->numel ? p->numel : 1));
       if (!buf) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", p->name);
       fresh[nfresh++] = buf;
-      DISTRO_CHECK(get_array(&r, o, p, a < arrays ? kinds[a] : a == arrays ? DISTRO__STATE_MOM : DISTRO__STATE_V, buf));
+      DISTRO_CHECK(get_array(&r, o, p, a < arrays ? kinds[a] : staged_kind(a - arrays), buf));
     }
     if (pending && p->base) { /* the selection: positions inside each tile, finite values */
       const int64_t sel = p->tiling.nchunks * p->tiling.k;
