@@ -95,7 +95,7 @@ npanels=$(wc -l < "$tmp/panels")
 colour() {
   case "$1" in
     adamw) echo '#1f1f1f' ;; distro-adamw) echo '#0072b2' ;; distro) echo '#009e73' ;; diloco) echo '#cc79a7' ;;
-    distro-adamw-overlap) echo '#56b4e9' ;; distro-overlap) echo '#e69f00' ;; *-stale) echo '#d55e00' ;; *) echo '#999999' ;;
+    distro-adamw-overlap) echo '#56b4e9' ;; distro-adamw-sign1) echo '#6a3d9a' ;; distro-overlap) echo '#e69f00' ;; *-stale) echo '#d55e00' ;; *) echo '#999999' ;;
   esac
 }
 {
