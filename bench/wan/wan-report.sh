@@ -73,8 +73,8 @@ END {
   print "targets:"
   # 1. The step of each DisTrO mode at 10 Mbit/s vs no limit, mean and over the first 5 steps. The overlap
   #    modes are what hides the exchange (target <= 1.1x from the first step on); blocking rows for reference.
-  split("distro distro-adamw distro-overlap distro-adamw-overlap", sm, " ")
-  for (q = 1; q <= 4; q++) if (((sm[q], "10") in key) && ((sm[q], "none") in key)) {
+  ns = split("distro distro-adamw distro-overlap distro-adamw-overlap distro-adamw-sign1 distro-adamw-sign1-overlap", sm, " ")
+  for (q = 1; q <= ns; q++) if (((sm[q], "10") in key) && ((sm[q], "none") in key)) {
     a = key[sm[q], "10"]; b = key[sm[q], "none"]
     # The wall clock per step where the run has it (what a user waits), else the step as the trainer times it.
     w = (R[a, 13] > 0 && R[b, 13] > 0) ? 13 : 5
@@ -122,7 +122,7 @@ EOF
 command -v gnuplot > /dev/null || exit 0
 rates=$(awk -F'\t' '$2 != "none" && !seen[$2]++ { print $2 }' "$tsv" | sort -rn)
 modes=$(awk -F'\t' '!seen[$1]++ { print $1 }' "$tsv")
-adamw_dat=$(ls "$dir"/adamw-*.dat 2> /dev/null | head -1)
+adamw_dat=$(ls "$dir"/adamw-*.dat 2> /dev/null | head -1 || true) # no AdamW row: no target line
 target=$([ -n "$adamw_dat" ] && tail -n 1 "$adamw_dat" | cut -d' ' -f2 || true)
 nr=$(echo "$rates" | wc -w)
 {
