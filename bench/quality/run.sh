@@ -23,9 +23,9 @@
 # runs too: a save keeps the exchange in flight).
 #
 # X-overlap runs optimizer X with --overlap-step (look-ahead), X-stale with
-# --overlap-stale, X-sign1 and X-int4 with --values sign1 or int4. --wd X
-# sets the decoupled weight decay for every run (the DisTrO report's
-# schedule: 0.1; the trainer's default: 0). --sampling is
+# --overlap-stale, X-sign1 and X-int4 with --values sign1 or int4
+# (X-sign1-overlap: both). --wd X sets the decoupled weight decay for every
+# run (the DisTrO report's schedule: 0.1; the trainer's default: 0). --sampling is
 # gpt-train's (where each rank draws its windows); a set keeps the mode it
 # was started with in NAME.meta (the sets measured before the option existed
 # say shard there), and a run asking for another mode is refused. A new set
@@ -208,7 +208,9 @@ for size in "${S[@]}"; do
           diloco) extra="--batch 4" ;;   # 4 learners x batch 4: the baseline's tokens
           *-overlap) gopt=${opt%-overlap} extra="--overlap-step" ;;
           *-stale) gopt=${opt%-stale} extra="--overlap-stale" ;;
-          *-sign1 | *-int4) gopt=${opt%-*} extra="--values ${opt##*-}" ;;
+        esac
+        case "$gopt" in # X-sign1-overlap: both
+          *-sign1 | *-int4) extra="$extra --values ${gopt##*-}" gopt=${gopt%-*} ;;
         esac
         # Checkpoints (not for DiLoCo, whose trainer does not save): resume
         # a run that was cut off; its CSV then holds the steps after the
