@@ -14,13 +14,15 @@
  * same data order, same initial weights. Prints the final loss on a held-out
  * split (the text's last 5%) and the bytes each rank sent per step.
  * --overlap lookahead|stale sets one more field, options.overlap, and calls
- * distro_optim_flush before the evaluation, as the header asks.
+ * distro_optim_flush before the evaluation, as the header asks; --values
+ * sets options.values.
  * The model is python-free-examples/replace_adamw's, copied on purpose: run.sh
  * compiles this one file as an outside program, and the examples stay
  * standalone (their README quotes their diff).
  *
  *   plain_loop --data FILE --optim adamw|distro-adamw --lr X [--seed N]
- *              [--steps 300] [--ranks 4] [--batch 64] [--overlap off|lookahead|stale] */
+ *              [--steps 300] [--ranks 4] [--batch 64] [--overlap off|lookahead|stale]
+ *              [--values sign1|int8] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,7 +43,7 @@ static const size_t offsets[NUM_TENSORS] = {0, V * C, 2 * V * C};
 typedef struct {
   const unsigned char *text;
   long train_len, val_lo, len; /* [0, train_len) trains; [val_lo, len - 1) is held out */
-  int adamw, ranks, batch, steps, overlap;
+  int adamw, ranks, batch, steps, overlap, values; /* values: -1 the default */
   float lr;
   uint64_t seed;
   double val_loss, bytes_per_step;
@@ -116,6 +118,7 @@ static distro_status train(distro_comm *comm, int rank, void *arg) {
     distro_options o = distro_options_default(DISTRO_ALG_DEMO);
     o.update = DISTRO_UPDATE_ADAMW; /* the swap: one field */
     o.overlap = r->overlap;
+    if (r->values >= 0) o.values = (distro_values)r->values; /* --values: one more field */
     st = distro_optim_create(&o, comm, &opt);
     for (int i = 0; st == DISTRO_OK && i < NUM_TENSORS; i++)
       st = distro_optim_add_param(opt, names[i], params + offsets[i], grads + offsets[i], ndims[i], shapes[i]);
@@ -159,7 +162,7 @@ static distro_status train(distro_comm *comm, int rank, void *arg) {
 }
 
 int main(int argc, char **argv) {
-  run r = {.ranks = 4, .batch = 64, .steps = 300, .seed = 1, .lr = NAN, .adamw = -1};
+  run r = {.ranks = 4, .batch = 64, .steps = 300, .seed = 1, .lr = NAN, .adamw = -1, .values = -1};
   const char *path = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     const char *a = argv[i], *v = argv[i + 1];
@@ -170,6 +173,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--steps")) r.steps = atoi(v);
     else if (!strcmp(a, "--ranks")) r.ranks = atoi(v);
     else if (!strcmp(a, "--batch")) r.batch = atoi(v);
+    else if (!strcmp(a, "--values"))
+      r.values = !strcmp(v, "sign1") ? DISTRO_VALUES_SIGN1 : !strcmp(v, "int8") ? DISTRO_VALUES_INT8 : -2;
     else if (!strcmp(a, "--overlap"))
       r.overlap = !strcmp(v, "off") ? DISTRO_OVERLAP_OFF
                   : !strcmp(v, "lookahead") ? DISTRO_OVERLAP_LOOKAHEAD
@@ -177,9 +182,10 @@ int main(int argc, char **argv) {
     else return fprintf(stderr, "plain_loop: unknown option '%s'\n", a), 2;
   }
   if (!path || r.adamw < 0 || !(r.lr > 0) || r.steps < 20 || r.ranks < 1 || r.batch < 1 || r.seed == 0 ||
-      r.overlap < 0 || (r.adamw && r.overlap))
+      r.overlap < 0 || r.values < -1 || (r.adamw && (r.overlap || r.values >= 0)))
     return fprintf(stderr, "usage: plain_loop --data FILE --optim adamw|distro-adamw --lr X [--seed N>0] "
-                           "[--steps N>=20] [--ranks N] [--batch N] [--overlap off|lookahead|stale (distro-adamw)]\n"),
+                           "[--steps N>=20] [--ranks N] [--batch N] [--overlap off|lookahead|stale] [--values sign1|int8] "
+                           "(the last two: distro-adamw)\n"),
            2;
   FILE *f = fopen(path, "rb");
   if (!f) return fprintf(stderr, "plain_loop: cannot open %s\n", path), 1;
@@ -196,8 +202,8 @@ int main(int argc, char **argv) {
   const distro_status st = distro_comm_run_local(r.ranks, train, &r);
   if (st != DISTRO_OK) return fprintf(stderr, "plain_loop: %s\n", distro_status_string(st)), 1;
   static const char *const mode[] = {"", " overlap lookahead", " overlap stale"};
-  printf("%s%s lr %g seed %llu: held-out loss %.4f, %.0f bytes sent per step per rank\n",
-         r.adamw ? "adamw" : "distro-adamw", mode[r.overlap], (double)r.lr, (unsigned long long)r.seed, r.val_loss, r.bytes_per_step);
+  printf("%s%s%s lr %g seed %llu: held-out loss %.4f, %.0f bytes sent per step per rank\n",
+         r.adamw ? "adamw" : "distro-adamw", mode[r.overlap], r.values == DISTRO_VALUES_SIGN1 ? " values sign1" : "", (double)r.lr, (unsigned long long)r.seed, r.val_loss, r.bytes_per_step);
   free(text);
   return 0;
 }

@@ -5,9 +5,10 @@
 # baseline's own lr from a sweep (seed 1), then runs both at that lr over the
 # seeds and prints mean +- sd of the held-out loss and bytes per step.
 # --lr X skips the sweep; --overlap adds DisTrO-AdamW with the look-ahead and
-# the stale overlap (options.overlap).
+# the stale overlap (options.overlap); --sign1 adds DisTrO-AdamW with 1-bit
+# values (options.values = DISTRO_VALUES_SIGN1).
 #
-#   bench/outside/run.sh [--build DIR] [--lrs 0.003,0.01,0.03 | --lr X] [--seeds 1,2,3] [--steps 300] [--overlap]
+#   bench/outside/run.sh [--build DIR] [--lrs 0.003,0.01,0.03 | --lr X] [--seeds 1,2,3] [--steps 300] [--overlap] [--sign1]
 # Needs the fortunes corpus (Debian: fortunes); about 5 minutes on 2 cores.
 set -euo pipefail
 build=build lrs=0.003,0.01,0.03 seeds=1,2,3 steps=300 lr= optims="adamw distro-adamw"
@@ -17,6 +18,7 @@ while [ $# -gt 0 ]; do
     --lrs) lrs=$2; shift 2 ;;
     --lr) lr=$2; shift 2 ;;
     --overlap) optims="$optims distro-adamw-lookahead distro-adamw-stale"; shift ;;
+    --sign1) optims="$optims distro-adamw-sign1"; shift ;;
     --seeds) seeds=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -57,6 +59,7 @@ res=$work/results.tsv
 : > "$res"
 for o in $optims; do
   case $o in
+    distro-adamw-sign1) args=(--optim distro-adamw --values sign1) ;;
     distro-adamw-*) args=(--optim distro-adamw --overlap "${o#distro-adamw-}") ;;
     *) args=(--optim "$o") ;;
   esac
