@@ -73,8 +73,10 @@ END {
   print "targets:"
   # 1. The step of each DisTrO mode at 10 Mbit/s vs no limit, mean and over the first 5 steps. The overlap
   #    modes are what hides the exchange (target <= 1.1x from the first step on); blocking rows for reference.
-  ns = split("distro distro-adamw distro-overlap distro-adamw-overlap distro-adamw-sign1 distro-adamw-sign1-overlap", sm, " ")
-  for (q = 1; q <= ns; q++) if (((sm[q], "10") in key) && ((sm[q], "none") in key)) {
+  #    Every mode that also ran unlimited, in the order of the table.
+  ns = 0
+  for (r = 1; r <= n; r++) if (R[r, 2] == "none" && ((R[r, 1], "10") in key)) sm[++ns] = R[r, 1]
+  for (q = 1; q <= ns; q++) {
     a = key[sm[q], "10"]; b = key[sm[q], "none"]
     # The wall clock per step where the run has it (what a user waits), else the step as the trainer times it.
     w = (R[a, 13] > 0 && R[b, 13] > 0) ? 13 : 5
