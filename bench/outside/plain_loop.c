@@ -203,7 +203,8 @@ int main(int argc, char **argv) {
   if (st != DISTRO_OK) return fprintf(stderr, "plain_loop: %s\n", distro_status_string(st)), 1;
   static const char *const mode[] = {"", " overlap lookahead", " overlap stale"};
   printf("%s%s%s lr %g seed %llu: held-out loss %.4f, %.0f bytes sent per step per rank\n",
-         r.adamw ? "adamw" : "distro-adamw", mode[r.overlap], r.values == DISTRO_VALUES_SIGN1 ? " values sign1" : "", (double)r.lr, (unsigned long long)r.seed, r.val_loss, r.bytes_per_step);
+         r.adamw ? "adamw" : "distro-adamw", mode[r.overlap], r.values == DISTRO_VALUES_SIGN1 ? " values sign1" : "",
+         (double)r.lr, (unsigned long long)r.seed, r.val_loss, r.bytes_per_step);
   free(text);
   return 0;
 }

@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
     --sign1) optims="$optims distro-adamw-sign1"; shift ;;
     --seeds) seeds=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "outside: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
