@@ -482,6 +482,24 @@ static void expect_error(const char *args, int code, const char *msg) {
   free(out);
 }
 
+/* --comm-timeout changes how a collective waits, never what it computes:
+ * the same parameters with and without it, for the all-reduce, the blocking
+ * all-gather and the one on the overlapped step's helper thread. */
+Test(gpt_train, comm_timeout_same_parameters) {
+  static const char *runs[] = {"--optim adamw", "--optim distro-adamw", "--optim distro-adamw --overlap-step"};
+  for (int i = 0; i < 3; i++) {
+    char args[512];
+    snprintf(args, sizeof args, "%s --steps 8 --eval-every 4 --checksum --quiet", runs[i]);
+    char *out = train(args);
+    const unsigned long long want = checksum_of(out);
+    free(out);
+    snprintf(args, sizeof args, "%s --steps 8 --eval-every 4 --checksum --quiet --comm-timeout 600", runs[i]);
+    out = train(args);
+    cr_expect_eq(checksum_of(out), want, "%s: --comm-timeout changed the parameters", runs[i]);
+    free(out);
+  }
+}
+
 TestSuite(gpt_errors, .init = setup, .fini = teardown);
 
 /* Whether /proc/cpuinfo's first "flags" line lists `flag` as a whole word. */
@@ -552,6 +570,8 @@ Test(gpt_errors, bad_flags) {
   expect_error("--stop-after 5", 2, "--stop-after needs --save");
   expect_error("--optim adamw --topk 4", 2, "DisTrO settings");
   expect_error("--seed -1", 2, "--seed: '-1' is not a non-negative integer");
+  expect_error("--comm-timeout -1", 2, "--comm-timeout must be >= 0");
+  expect_error("--comm-timeout 2e6", 2, "--comm-timeout must be at most 1e6 seconds");
   expect_error("--H 10", 2, "are DiLoCo settings: add --optim diloco");
   expect_error("--optim diloco --ranks 3", 2, "--learners x --ranks-per-learner ranks");
   expect_error("--optim diloco --outer-codec int3", 2, "--outer-codec: 'int3' is not one of f32, bf16, int8, int4, fp4");

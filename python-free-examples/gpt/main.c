@@ -131,6 +131,8 @@ static void usage(FILE *f) {
 "  --threads N         OpenMP threads per rank (default: cores / ranks on this machine;\n"
 "                      with --mpi, the MPI ranks sharing this node)\n"
 "  --mpi               one rank per MPI process (run under mpirun)\n"
+"  --comm-timeout S    give up on a collective after S seconds: a stalled rank stops the\n"
+"                      run with an error instead of a hang (0: wait forever; default 0)\n"
 "output\n"
 "  --eval-every N      validation every N steps (25; 0: only at the end)\n"
 "  --eval-batches N    batches per periodic validation (4); the final one uses the whole split\n"
@@ -253,7 +255,7 @@ int main(int argc, char **argv) {
         "--data",   "--layers",     "--dim",        "--heads",       "--context", "--optim",      "--lr",
         "--lr-final", "--warmup",   "--clip",       "--wd",          "--beta1",   "--beta2",      "--topk",
         "--chunk",  "--decay",      "--values",     "--steps",       "--batch",   "--seed",       "--ranks",
-        "--threads", "--eval-every", "--eval-batches", "--print-every", "--log",   "--save",       "--save-every",
+        "--threads", "--comm-timeout", "--eval-every", "--eval-batches", "--print-every", "--log", "--save", "--save-every",
         "--tensor-log", "--tensor-every",
         "--resume", "--stop-after", "--plot", "--tsv", "--inner",    "--learners", "--ranks-per-learner",
         "--H",      "--fragments",  "--overlap",    "--alpha",       "--outer-lr", "--outer-momentum",
@@ -374,6 +376,12 @@ int main(int argc, char **argv) {
       c.seed = s;
     } else if (!strcmp(a, "--ranks")) { rc = parse_int(a, v, 1, &c.ranks); ranks_given = 1; }
     else if (!strcmp(a, "--threads")) rc = parse_int(a, v, 1, &c.threads);
+    else if (!strcmp(a, "--comm-timeout")) {
+      float f = 0;
+      rc = parse_float(a, v, 0, &f);
+      if (!rc && f > 1e6f) return bad("--comm-timeout must be at most 1e6 seconds (got '%s')%s", v, "");
+      c.comm_timeout = f;
+    }
     else if (!strcmp(a, "--eval-every")) rc = parse_int(a, v, 0, &c.eval_every);
     else if (!strcmp(a, "--eval-batches")) rc = parse_int(a, v, 1, &c.eval_batches);
     else if (!strcmp(a, "--print-every")) rc = parse_int(a, v, 1, &c.print_every);
@@ -568,6 +576,11 @@ int main(int argc, char **argv) {
     corpus_free(&data);
   }
   if (comm) {
+#ifdef DISTRO_WITH_MPI
+    /* A failed run may leave a peer stopped or a collective in flight (after
+     * --comm-timeout): MPI_Finalize would wait for them, so end the job. */
+    if (rc != 0) MPI_Abort(MPI_COMM_WORLD, rc);
+#endif
     distro_comm_free(comm);
 #ifdef DISTRO_WITH_MPI
     MPI_Finalize();

@@ -207,6 +207,18 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   distro_comm *icomm = x->inner_comms ? x->inner_comms[rank] : comm;
   distro_comm *ocomm = x->outer_comms ? x->outer_comms[rank] : NULL;
 
+  /* --comm-timeout: every collective of this rank (the optimizer's, DiLoCo's
+   * and the trainer's own) gives up after that long, so a stalled peer ends
+   * the run with the library's message instead of a hang. The library then
+   * completes MPI collectives by polling, not in MPI_Wait. Before the
+   * optimizer exists, so that its private duplicate inherits the timeout. */
+  if (c->comm_timeout > 0) {
+    distro_comm *cs[3] = {comm, icomm != comm ? icomm : NULL, ocomm};
+    for (int i = 0; ok && i < 3; i++)
+      if (cs[i] && (s = distro_comm_set_timeout(cs[i], c->comm_timeout)) != DISTRO_OK)
+        FAIL("--comm-timeout: %s: %s", distro_status_string(s), distro_last_error());
+  }
+
   /* Threads: this rank thread gets its own OpenMP team size (the setting is
    * per thread, so in-process ranks do not share it). */
   omp_set_num_threads(x->threads);

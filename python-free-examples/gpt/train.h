@@ -54,6 +54,8 @@ typedef struct {
 
   /* ranks */
   int ranks;         /* in-process ranks (ignored under MPI) */
+  double comm_timeout; /* > 0: each collective of the run fails after this many seconds
+                          (distro_comm_set_timeout; 0: none) */
   int threads;       /* OpenMP threads per rank; 0: cores / ranks (on this node) */
   int node_ranks;    /* MPI: ranks on this node (0: one) */
 
