@@ -20,14 +20,17 @@ typedef enum {
   DISTRO_UPDATE_SIGN,  /* DeMo reference: momentum of lr * g; p -= lr * sign(Q) */
   DISTRO_UPDATE_ADAMW  /* DisTrO-AdamW: each rank's AdamW second moment (its
                           own, never exchanged) normalizes its gradient
-                          before the compression; p -= r_t w_t lr sign(Q),
+                          before the compression; p -= r_t w_t g lr sign(Q),
                           r_t RAdam's rectification of that second moment
                           at step t (0 for the first steps, then rising to
-                          1) and w_t the sign step's own warm-up: 2/3 while
+                          1), w_t the sign step's own warm-up: 2/3 while
                           the lr passed to distro_optim_step rises (the
                           caller's warm-up, W steps), then t / 1.5W up to
                           1, so the sign step warms up over 1.5 times the
-                          caller's warm-up (docs/design.md). beta1 is unused: the
+                          caller's warm-up, and g = sqrt(s / 2) where the
+                          ranks' selections hold s > 2 distinct
+                          coefficients per rank's selection (1 otherwise:
+                          always at 2 ranks; docs/design.md). beta1 is unused: the
                           compressed momentum is the update's momentum. */
 } distro_update;
 

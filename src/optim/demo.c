@@ -395,9 +395,11 @@ void distro__demo_apply(distro_optim *o, int agg, float lr, int64_t t, float ahe
   const int lookahead = o->opt.overlap == DISTRO_OVERLAP_LOOKAHEAD;
   const int64_t ntiles = o->tile_base[o->nparams];
   /* Every rank applies the same aggregate: each element moves by the sign
-   * of Q, lr for DeMo and the rectified DISTRO__ADAMW_SIGN_STEP lr for
-   * DisTrO-AdamW (t: the step the aggregate belongs to). */
-  const float step = sign_update ? lr : distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp);
+   * of Q, lr for DeMo and for DisTrO-AdamW the rectified step, grown with
+   * the aggregate's spread (t: the step the aggregate belongs to). */
+  const float step = sign_update || !agg ? lr
+                                         : distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp,
+                                                                   distro__aggregate_spread(o));
   memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
   const double t0 = distro__now();
 #pragma omp parallel num_threads(nt)

@@ -45,6 +45,10 @@ void distro__demo_apply(distro_optim *o, int agg, float lr_agg, int64_t t_agg, f
 /* Bytes of one thread's workspace of the DeMo step for tiles of up to
  * max_tile elements. */
 size_t distro__demo_ws_bytes(int64_t max_tile);
+/* The spread of the decoded aggregate (spread.c; step_rule.h): distinct
+ * selected coefficients of the live ranks per coefficient one rank selects,
+ * over a fixed sample of the tiles; 1 with nothing selected. */
+double distro__aggregate_spread(distro_optim *o);
 
 /* A payload format (payload_format.c): one entry per wire version, chosen
  * once by distro__payload_prepare. bound: the largest payload of a tensor

@@ -89,6 +89,8 @@ struct distro_optim {
   uint32_t **idx_ptrs;            /* per tensor, for the codec API */
   float **val_ptrs;
   uint8_t *dropped;               /* per rank: payload skipped this step */
+  uint64_t *spread_bits;          /* one bit per coefficient of the largest tile, all
+                                     clear between calls (spread.c) */
   /* The tile loops of the DeMo step (demo.c): */
   int64_t *tile_base;             /* nparams + 1: each tensor's first tile in the global order */
   int nws;                        /* threads the step may use: one workspace each */

@@ -127,7 +127,7 @@ static void copy_agreed(distro_optim *o, int to_caller) {
 /* The provisional step of look-ahead for this step's lr. */
 static float ahead_step(const distro_optim *o, float lr, int64_t t) {
   if (o->opt.update == DISTRO_UPDATE_SIGN) return DISTRO__AHEAD_SIGN * lr;
-  return DISTRO__AHEAD_ADAMW * distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp);
+  return DISTRO__AHEAD_ADAMW * distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp, 1.0);
 }
 
 int distro__overlap_saved(const distro_optim *o, size_t *size, float *lr) {

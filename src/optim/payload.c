@@ -33,7 +33,11 @@ distro_status distro__payload_prepare(distro_optim *o) {
   o->recv = malloc(o->slot * (size_t)world);
   o->dec_idx = malloc(sizeof(uint32_t) * (size_t)(o->total_sel * world));
   o->dec_val = malloc(sizeof(float) * (size_t)(o->total_sel * world));
-  if (!o->send || !o->recv || !o->dec_idx || !o->dec_val)
+  int64_t most = 1;
+  for (int i = 0; i < n; i++)
+    if (o->tilings[i].chunk_elems > most) most = o->tilings[i].chunk_elems;
+  o->spread_bits = calloc((size_t)((most + 63) / 64), sizeof(uint64_t));
+  if (!o->send || !o->recv || !o->dec_idx || !o->dec_val || !o->spread_bits)
     DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for payload buffers (%zu bytes per rank)", o->slot);
   return DISTRO_OK;
 fail:
@@ -55,6 +59,8 @@ void distro__payload_destroy(distro_optim *o) {
   free(o->recv);
   free(o->dec_idx);
   free(o->dec_val);
+  free(o->spread_bits);
+  o->spread_bits = NULL;
   o->etabs = NULL;
   o->n_etabs = 0;
   o->w2 = NULL;

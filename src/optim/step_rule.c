@@ -19,6 +19,10 @@ double distro__adamw_step_scale(double beta2, int64_t t) {
   return DISTRO__ADAMW_SIGN_STEP * sqrt((rt - 4.0) * (rt - 2.0) * rinf / ((rinf - 4.0) * (rinf - 2.0) * rt));
 }
 
+double distro__adamw_spread_scale(double s) {
+  return s > DISTRO__SPREAD_CALIBRATED ? sqrt(s / DISTRO__SPREAD_CALIBRATED) : 1.0;
+}
+
 void distro__ramp_observe(distro__ramp *r, float lr) {
   r->seen++;
   /* The rise ends at the first step whose lr is not above the one before. */

@@ -44,10 +44,26 @@ void distro__ramp_observe(distro__ramp *r, float lr);
  * observing its own lr. */
 double distro__ramp_scale(const distro__ramp *r, int64_t t);
 
-/* That step for learning rate lr, warm-up state r (NULL: none), rounded
- * once to float: what every path (CPU, look-ahead, CUDA) applies. */
-static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr, const distro__ramp *r) {
-  return (float)(distro__adamw_step_scale(beta2, t) * (r ? distro__ramp_scale(r, t) : 1.0) * (double)lr);
+/* The sign step spreads one size over every coefficient the aggregate
+ * holds, so the share of it each coefficient a rank released gets falls as
+ * the ranks' selections differ. Their spread s (distro__aggregate_spread:
+ * the distinct coefficients of all live ranks' selections per coefficient
+ * one rank selects) is 1 when every rank picked the same ones and at most
+ * the number of live ranks. The step was calibrated at two ranks, where s
+ * never exceeds 2; above that it grows as sqrt(s / 2), so at four or more
+ * ranks each released coefficient keeps about its two-rank share instead
+ * of shrinking with the ranks (docs/design.md, "At 4 and 8 ranks"). Exactly
+ * 1 for s <= 2. */
+#define DISTRO__SPREAD_CALIBRATED 2.0
+double distro__adamw_spread_scale(double s);
+
+/* That step for learning rate lr, warm-up state r (NULL: none) and the
+ * aggregate's spread s (1: none, as for the look-ahead's provisional
+ * step), rounded once to float: what every path (CPU, look-ahead, CUDA)
+ * applies. */
+static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr, const distro__ramp *r, double s) {
+  return (float)(distro__adamw_step_scale(beta2, t) * (r ? distro__ramp_scale(r, t) : 1.0) *
+                 distro__adamw_spread_scale(s) * (double)lr);
 }
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in
