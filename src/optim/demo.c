@@ -237,7 +237,7 @@ static int64_t aggregate_tile(const distro_optim *o, int i, int64_t c, float *co
   memset(coef, 0, sizeof(float) * (size_t)t->chunk_elems);
   for (int r = 0; r < o->comm->size; r++) {
     if (o->dropped[r]) continue;
-    const size_t base = (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i] + (size_t)(c * k);
+    const size_t base = distro__sel_at(o, r, i, c);
     const uint32_t *ri = o->dec_idx + base;
     const float *rv = o->dec_val + base;
     for (int64_t j = 0; j < k; j++) {
@@ -249,7 +249,7 @@ static int64_t aggregate_tile(const distro_optim *o, int i, int64_t c, float *co
   int64_t npos = 0;
   for (int r = 0; r < o->comm->size; r++) {
     if (o->dropped[r]) continue;
-    const uint32_t *ri = o->dec_idx + (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i] + (size_t)(c * k);
+    const uint32_t *ri = o->dec_idx + distro__sel_at(o, r, i, c);
     for (int64_t j = 0; j < k; j++) {
       if (!cnt[ri[j]]) continue;
       if (cnt[ri[j]] > 1) coef[ri[j]] /= (float)cnt[ri[j]];

@@ -24,7 +24,7 @@ double distro__aggregate_spread(distro_optim *o) {
     for (int64_t c = (stride - g % stride) % stride; c < t->nchunks; c += stride) {
       for (int r = 0; r < world; r++) {
         if (o->dropped[r]) continue;
-        const uint32_t *ri = o->dec_idx + (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i] + (size_t)(c * k);
+        const uint32_t *ri = o->dec_idx + distro__sel_at(o, r, i, c);
         for (int64_t j = 0; j < k; j++) {
           const uint64_t b = 1ull << (ri[j] & 63u);
           if (!(bits[ri[j] >> 6] & b)) distinct++;
@@ -33,7 +33,7 @@ double distro__aggregate_spread(distro_optim *o) {
       }
       for (int r = 0; r < world; r++) {
         if (o->dropped[r]) continue;
-        const uint32_t *ri = o->dec_idx + (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i] + (size_t)(c * k);
+        const uint32_t *ri = o->dec_idx + distro__sel_at(o, r, i, c);
         for (int64_t j = 0; j < k; j++) bits[ri[j] >> 6] = 0;
       }
       picks += k;

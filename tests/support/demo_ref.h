@@ -49,12 +49,12 @@ int64_t dr_numel(const dr_model *m, int t);
 /* Chunk edges and tile count of tensor t (h = 1 for 1-D tensors). */
 void dr_geometry(const dr_model *m, int t, int *h, int *w, int64_t *tiles);
 
-/* DisTrO-AdamW's step at step t (1-based) in units of lr: RAdam's
- * rectification of the second moment (beta2). */
 /* DisTrO-AdamW's growth of the step with the aggregate's spread s (the
  * distinct selected coefficients per coefficient one rank selects): 1 up
  * to s = 2, sqrt(s / 2) above. */
 double dr_spread_scale(double s);
+/* DisTrO-AdamW's step at step t (1-based) in units of lr: RAdam's
+ * rectification of the second moment (beta2). */
 double dr_adamw_step(double beta2, int64_t t);
 /* Its warm-up factor at step t, from the lrs of the steps taken so far:
  * 2/3 while the schedule's opening rise of W steps lasts and through step
