@@ -3,8 +3,8 @@
  *    flush the parameters equal the STALE run's on every rank, and after
  *    every call each element sits at the STALE run's value or exactly one
  *    provisional step (1.0 lr for sign, 0.75 times the rectified step for
- *    DisTrO-AdamW) away
- *    from it;
+ *    DisTrO-AdamW, grown with the spread of the aggregate applied in the
+ *    same call, which the float64 reference counts) away from it;
  *  - the provisional step's direction is the sign of the rank's whole
  *    momentum of that step (what it sent plus what it kept), checked
  *    against the float64 reference (tests/support/demo_ref.c) wherever that
@@ -28,12 +28,12 @@
 
 #include "overlap_fixture.h"
 
-/* The provisional step of call s (the step t = s + 1 it stands in for): a
- * fraction of the update's own step (src/optim/optim_internal.h,
- * DISTRO__AHEAD_*), computed as the library does in float; DisTrO-AdamW's
- * step size itself is checked against the float64 reference by
- * test_reference_step. */
-static float ahead(const distro_options *o, const double *lrs, int64_t t) {
+/* The provisional step of the call standing in for step t (1-based), when
+ * the aggregate applied in that call had spread s (1: none): a fraction of
+ * the update's own step (src/optim/step_rule.h, DISTRO__AHEAD_*), computed
+ * as the library does in float; DisTrO-AdamW's step size itself is checked
+ * against the float64 reference by test_reference_step. */
+static float ahead(const distro_options *o, const double *lrs, int64_t t, double s) {
   const float lr = (float)lrs[t - 1];
   if (o->update == DISTRO_UPDATE_SIGN) return 1.0f * lr;
   const double want = dr_adamw_step(o->beta2, t);
@@ -41,7 +41,40 @@ static float ahead(const distro_options *o, const double *lrs, int64_t t) {
   cr_assert(fabs(got - want) <= 1e-12 * want, "step %lld: DisTrO-AdamW step %.17g lr, reference %.17g lr",
             (long long)t, got, want);
   /* rounded as the library rounds its step: once, to float */
-  return 0.75f * (float)(got * dr_warmup_of(lrs, t, t) * (double)lr);
+  return 0.75f * (float)(got * dr_warmup_of(lrs, t, t) * dr_spread_scale(s) * (double)lr);
+}
+
+/* Every size the provisional step for step t may take, given the
+ * reference after the step before (the aggregate that call applies): one
+ * per distinct count the reference allows (a tainted sampled tile leaves a
+ * range). Returns how many, in out[0..max). */
+#define MAX_SIZES 4096
+static int ahead_sizes(const distro_options *o, const double *lrs, int64_t t, const dr_model *m, float *out) {
+  int64_t lo, hi, picks;
+  dr_spread_counts(m, &lo, &hi, &picks);
+  int n = 0;
+  for (int64_t d = lo; d <= hi && n < MAX_SIZES; d++) {
+    const float a = ahead(o, lrs, t, picks && d ? (double)d / (double)picks : 1.0);
+    if (n == 0 || out[n - 1] != a) out[n++] = a;
+  }
+  cr_assert(hi - lo < MAX_SIZES, "the reference leaves %lld distinct counts open", (long long)(hi - lo + 1));
+  return n;
+}
+
+static dr_model *reference_of(const distro_options *o, int world) {
+  dr_config cfg = {o->algorithm, o->update, o->values, o->beta1, o->beta2, o->eps, o->weight_decay,
+                   o->compression_decay, o->chunk, o->topk};
+  dr_model *m = dr_create(&cfg, world, NT, ndims, shapes);
+  cr_assert_not_null(m);
+  return m;
+}
+
+/* Steps the reference with step s's gradients of run x. */
+static void reference_step(dr_model *m, const dr_run *x, int s) {
+  const float *gp[DR_MAX_WORLD * NT];
+  for (int r = 0; r < x->world; r++)
+    for (int t = 0; t < NT; t++) gp[r * NT + t] = x->grads[((size_t)s * x->world + r) * NT + t];
+  dr_step(m, x->lrs[s], gp);
 }
 
 /* Per element of call s: -1, 0 or +1 with la = agreed - a * sign, or 2 if la
@@ -51,6 +84,22 @@ static int provisional_sign(float la, float agreed, float a) {
   if (la == agreed - a) return 1;
   if (la == agreed + a) return -1;
   return 2;
+}
+
+/* The size call s of run la took: the one of sizes[0..n) that puts every
+ * element of every rank at the stale run's value or one step from it, or
+ * NAN if none does. */
+static float size_taken(const dr_run *st, const dr_run *la, int s, const float *sizes, int n) {
+  for (int j = 0; j < n; j++) {
+    int fits = 1;
+    for (int r = 0; r < la->world && fits; r++)
+      for (int t = 0; t < NT && fits; t++) {
+        const float *pl = dr_snap(la, s, r, t), *ps = dr_snap(st, s, r, t);
+        for (int64_t e = 0; e < numel(t) && fits; e++) fits = provisional_sign(pl[e], ps[e], sizes[j]) != 2;
+      }
+    if (fits) return sizes[j];
+  }
+  return NAN;
 }
 
 Test(lookahead, agreed_parameters_are_the_stale_steps, .timeout = 120) {
@@ -66,9 +115,15 @@ Test(lookahead, agreed_parameters_are_the_stale_steps, .timeout = 120) {
       st.flush = la.flush = 1;
       run_ok(&st, md->label, seed);
       run_ok(&la, md->label, seed);
-      long moved = 0, all = 0, ranks_differ = 0;
+      long moved = 0, all = 0, ranks_differ = 0, grown = 0;
+      dr_model *m = reference_of(&la.opt, world);
+      float sizes[MAX_SIZES];
       for (int s = 0; s < steps; s++) {
-        const float a = ahead(&la.opt, la.lrs, s + 1);
+        /* the call applies step s's aggregate, which the reference has */
+        const int n = ahead_sizes(&la.opt, la.lrs, s + 1, m, sizes);
+        const float found = size_taken(&st, &la, s, sizes, n), a = isnan(found) ? sizes[0] : found;
+        grown += a != ahead(&la.opt, la.lrs, s + 1, 1.0);
+        reference_step(m, &la, s);
         for (int r = 0; r < world; r++)
           for (int t = 0; t < NT; t++) {
             const float *pl = dr_snap(&la, s, r, t), *ps = dr_snap(&st, s, r, t);
@@ -85,6 +140,11 @@ Test(lookahead, agreed_parameters_are_the_stale_steps, .timeout = 120) {
             if (r > 0 && !same(pl, dr_snap(&la, s, 0, t), t)) ranks_differ++;
           }
       }
+      dr_free(m);
+      /* Three ranks picking 8 of a tile's 64 coefficients each spread past
+       * 2 (a run where none did would check nothing of the growth). */
+      if (world == 3 && md->update == DISTRO_UPDATE_ADAMW)
+        cr_assert_gt(grown, 0, "%s world 3: no provisional step grew with the spread", md->label);
       /* A step along each rank's own momentum moves most elements. */
       cr_assert_gt(all, 0, "%s world %d: no call took a provisional step of nonzero size", md->label, world);
       cr_assert_gt(moved, all / 2, "%s world %d: only %ld of %ld elements took a provisional step", md->label, world,
@@ -123,17 +183,14 @@ static void direction_vs_reference(distro_update u, int world, int steps) {
   setup(&la, o, world, steps, 0, mix(seed, 700 + (uint64_t)world));
   run_ok(&st, "stale", seed);
   run_ok(&la, "look-ahead", seed);
-  dr_config cfg = {o.algorithm, o.update, o.values, o.beta1, o.beta2, o.eps, o.weight_decay, o.compression_decay,
-                   o.chunk, o.topk};
-  dr_model *m = dr_create(&cfg, world, NT, ndims, shapes);
-  cr_assert_not_null(m);
+  dr_model *m = reference_of(&o, world);
   long checked = 0, skipped = 0;
-  const float *gp[DR_MAX_WORLD * NT];
+  float sizes[MAX_SIZES];
   for (int s = 0; s < steps; s++) {
-    for (int r = 0; r < world; r++)
-      for (int t = 0; t < NT; t++) gp[r * NT + t] = la.grads[((size_t)s * world + r) * NT + t];
-    dr_step(m, la.lrs[s], gp);
-    const float a = ahead(&o, la.lrs, s + 1);
+    /* topk is half the chunk: no spread exceeds 2, so one size */
+    cr_assert_eq(ahead_sizes(&o, la.lrs, s + 1, m, sizes), 1);
+    const float a = sizes[0];
+    reference_step(m, &la, s);
     for (int r = 0; r < world; r++)
       for (int t = 0; t < NT; t++) {
         const float *pl0 = dr_snap(&la, s, r, t), *ps0 = dr_snap(&st, s, r, t);

@@ -118,6 +118,8 @@ Test(state_io, momentum_file_layout) {
             (long long)seen, (long long)rise);
   uint32_t pending; /* no exchange in flight (version 4) */
   cr_assert(fread(&pending, 4, 1, f) == 1 && pending == 0, "pending record %u", pending);
+  double spread; /* one rank: its selection is the aggregate's (version 5) */
+  cr_assert(fread(&spread, 8, 1, f) == 1 && spread == 1.0, "spread record %g", spread);
   const struct {
     const float *g;
     int64_t rows, cols, h, w;
@@ -306,47 +308,54 @@ static void spill(const char *f, unsigned char *buf, long n) {
 }
 
 #define HEADER 64 /* magic, version, 6 x u32, step, warm-up record */
+#define SPREAD (HEADER + 4) /* after the pending record */
+#define TENSORS (SPREAD + 8)
 
-/* A version 3 file (version 4 without the pending record) still loads and
- * resumes as the uninterrupted run. */
-Test(state_io, version_3_files_load) {
+/* Version 4 files (version 5 without the spread record) and version 3 ones
+ * (without the pending record either) still load, and a one-rank run (its
+ * spread is 1) resumes from them as the uninterrupted run. */
+Test(state_io, older_versions_load) {
   tmp_path();
   distro_options d = distro_options_default(DISTRO_ALG_DEMO);
   d.update = DISTRO_UPDATE_ADAMW;
   d.topk = 8;
-  uint64_t seed = tu_seed();
-  model *a = model_new(d, 96), *b = model_new(d, 96);
-  steps(a, seed, 0, 3);
-  cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK, "%s", distro_last_error());
-  long n;
-  unsigned char *buf = slurp(path, &n);
-  uint32_t v, pending;
-  memcpy(&v, buf + 8, 4);
-  memcpy(&pending, buf + HEADER, 4);
-  cr_assert(v == 4 && pending == 0, "version %u, pending %u", v, pending);
-  v = 3;
-  memcpy(buf + 8, &v, 4);
-  memmove(buf + HEADER, buf + HEADER + 4, (size_t)(n - HEADER - 4));
-  spill(path, buf, n - 4);
-  memcpy(b->p1, a->p1, sizeof a->p1);
-  memcpy(b->p2, a->p2, sizeof a->p2);
-  cr_assert_eq(distro_optim_load(b->o, path), DISTRO_OK, "%s", distro_last_error());
-  steps(a, seed, 3, 8);
-  steps(b, seed, 3, 8);
-  same_params(a, b, "a run resumed from a version 3 file differs");
-  free(buf);
-  unlink(path);
-  model_free(a);
-  model_free(b);
+  for (uint32_t old = 3; old <= 4; old++) {
+    uint64_t seed = tu_seed();
+    model *a = model_new(d, 96), *b = model_new(d, 96);
+    steps(a, seed, 0, 3);
+    cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK, "%s", distro_last_error());
+    long n;
+    unsigned char *buf = slurp(path, &n);
+    uint32_t v, pending;
+    double spread;
+    memcpy(&v, buf + 8, 4);
+    memcpy(&pending, buf + HEADER, 4);
+    memcpy(&spread, buf + SPREAD, 8);
+    cr_assert(v == 5 && pending == 0 && spread == 1.0, "version %u, pending %u, spread %g", v, pending, spread);
+    const long cut = old == 4 ? 8 : 12, at = old == 4 ? SPREAD : HEADER;
+    memcpy(buf + 8, &old, 4);
+    memmove(buf + at, buf + at + cut, (size_t)(n - at - cut));
+    spill(path, buf, n - cut);
+    memcpy(b->p1, a->p1, sizeof a->p1);
+    memcpy(b->p2, a->p2, sizeof a->p2);
+    cr_assert_eq(distro_optim_load(b->o, path), DISTRO_OK, "version %u: %s", old, distro_last_error());
+    steps(a, seed, 3, 8);
+    steps(b, seed, 3, 8);
+    same_params(a, b, old == 4 ? "a run resumed from a version 4 file differs" : "a run resumed from a version 3 file differs");
+    free(buf);
+    unlink(path);
+    model_free(a);
+    model_free(b);
+  }
 }
 
 /* A look-ahead state saved in flight (one rank): the pending record, the
  * staged arrays, the selection and the payload are where the format says;
  * a file whose record lies (bad mode, payload size beyond the bound, zero
  * size, a NaN lr, a selected position outside its tile, a NaN selected
- * value), re-checksummed, is refused as corrupt and leaves a fresh
- * optimizer fresh; the true file, loaded, saves again to the same bytes
- * and resumes bit for bit. */
+ * value, a spread below 1 or NaN), re-checksummed, is refused as corrupt
+ * and leaves a fresh optimizer fresh; the true file, loaded, saves again to
+ * the same bytes and resumes bit for bit. */
 Test(state_io, pending_exchange_record) {
   tmp_path();
   distro_options d = distro_options_default(DISTRO_ALG_DEMO);
@@ -366,7 +375,7 @@ Test(state_io, pending_exchange_record) {
   cr_assert_eq(pending, (uint32_t)DISTRO_OVERLAP_LOOKAHEAD);
   /* Per tensor: entry, momentum, staged momentum, agreed parameters, the
    * selection (k = 8 positions and values per tile). */
-  const long sel_w = HEADER + 4 + 4 + 1 + 4 + 16 + 3 * 4 * N1;
+  const long sel_w = TENSORS + 4 + 1 + 4 + 16 + 3 * 4 * N1;
   const long rec = sel_w + 8 * 6 * 8 + (4 + 1 + 4 + 8 + 3 * 4 * N2 + 8 * 4 * 8);
   float lr;
   uint64_t size;
@@ -381,11 +390,14 @@ Test(state_io, pending_exchange_record) {
   uint32_t pos;
   memcpy(&pos, buf + sel_w, 4);
   cr_assert_lt(pos, 32 * 32, "w's first selected position %u", pos);
-  for (int k = 0; k < 6; k++) {
+  for (int k = 0; k < 8; k++) {
     unsigned char *c = malloc((size_t)n);
     memcpy(c, buf, (size_t)n);
     uint32_t mode = 3, far = 32 * 32;
     uint64_t big = bound + 1, zero = 0;
+    const double dnan = NAN, half = 0.5;
+    if (k == 6) memcpy(c + SPREAD, &dnan, 8);
+    if (k == 7) memcpy(c + SPREAD, &half, 8);
     if (k == 0) memcpy(c + HEADER, &mode, 4);
     if (k == 1) memcpy(c + rec + 4, &big, 8);
     if (k == 2) memcpy(c + rec + 4, &zero, 8);
@@ -426,4 +438,43 @@ Test(state_io, pending_exchange_record) {
   unlink(path);
   model_free(a);
   model_free(b);
+}
+
+/* The spread record of a DisTrO-AdamW look-ahead state saved in flight
+ * once its step is rectified (the restored provisional step grows with the
+ * record): the true file gives the caller back the saving run's
+ * parameters; a spread of 7, as a seven-rank job would save, loads into
+ * this one-rank job as the largest it can have, 1, and so gives the same. */
+Test(state_io, spread_record_is_bounded_by_the_ranks) {
+  tmp_path();
+  distro_options d = distro_options_default(DISTRO_ALG_DEMO);
+  d.update = DISTRO_UPDATE_ADAMW;
+  d.chunk = 32;
+  d.topk = 8;
+  d.overlap = DISTRO_OVERLAP_LOOKAHEAD;
+  uint64_t seed = tu_seed();
+  model *a = model_new(d, 96), *b = model_new(d, 96), *w = model_new(d, 96);
+  steps(a, seed, 0, 7);
+  cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK, "%s", distro_last_error());
+  long n;
+  unsigned char *buf = slurp(path, &n);
+  char other[300];
+  snprintf(other, sizeof other, "%s.seven", path);
+  for (int i = 0; i < 2; i++) {
+    model *m = i == 0 ? b : w;
+    memcpy(m->p1, a->p1, sizeof a->p1); /* the saving run's: the load rebuilds the provisional step */
+    memcpy(m->p2, a->p2, sizeof a->p2);
+    const double s = i == 0 ? 1.0 : 7.0;
+    memcpy(buf + SPREAD, &s, 8);
+    spill(other, buf, n);
+    cr_assert_eq(distro_optim_load(m->o, other), DISTRO_OK, "%s", distro_last_error());
+  }
+  same_params(a, b, "the restored provisional step differs from the saving run's");
+  same_params(a, w, "a spread above the job's ranks did not load as its largest");
+  unlink(other);
+  unlink(path);
+  free(buf);
+  model_free(a);
+  model_free(b);
+  model_free(w);
 }

@@ -454,9 +454,10 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
   DISTRO_CUDA_TRY(cudaEventRecord(o->ev[EV_UPLOADED], S));
   const float shrink = 1.0f - lr * h->opt.weight_decay;
   /* demo.c: DisTrO-AdamW's rectified step for this step's aggregate, grown
-   * with its spread (counted on the host from the decoded selections) */
-  const float step =
-      sign_update ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr, &h->ramp, distro__aggregate_spread(h));
+   * with its spread (counted on the host from the decoded selections and
+   * kept for the look-ahead's next provisional step, as demo_commit does) */
+  h->spread = distro__aggregate_spread(h);
+  const float step = sign_update ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr, &h->ramp, h->spread);
   for (int i = 0; i < h->nparams; i++) {
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;

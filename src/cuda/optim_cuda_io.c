@@ -80,6 +80,7 @@ distro_status distro_cuda_optim_load(distro_cuda_optim *o, const char *path) {
   distro_optim *h = o->host;
   const int64_t old_step = h->step;
   const distro__ramp old_ramp = h->ramp;
+  const double old_spread = h->spread;
   DISTRO_CHECK(distro__cuda_optim_prepare(o));
   /* Everything is verified into host arrays first (the CPU loader leaves the
    * host optimizer untouched on failure), then copied into fresh device
@@ -116,5 +117,6 @@ fail:
   drop_host_arrays(o);
   h->step = old_step;
   h->ramp = old_ramp;
+  h->spread = old_spread;
   return st;
 }

@@ -383,6 +383,7 @@ static void swap(float **a, float **b) {
 }
 
 void distro__demo_commit(distro_optim *o) {
+  o->spread = distro__aggregate_spread(o);
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     swap(&p->mom, &p->mom_next);
@@ -396,10 +397,10 @@ void distro__demo_apply(distro_optim *o, int agg, float lr, int64_t t, float ahe
   const int64_t ntiles = o->tile_base[o->nparams];
   /* Every rank applies the same aggregate: each element moves by the sign
    * of Q, lr for DeMo and for DisTrO-AdamW the rectified step, grown with
-   * the aggregate's spread (t: the step the aggregate belongs to). */
-  const float step = sign_update || !agg ? lr
-                                         : distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp,
-                                                                   distro__aggregate_spread(o));
+   * the aggregate's spread (t: the step the aggregate belongs to; the
+   * spread was taken when it was committed). */
+  const float step =
+      sign_update || !agg ? lr : distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp, o->spread);
   memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
   const double t0 = distro__now();
 #pragma omp parallel num_threads(nt)

@@ -25,6 +25,7 @@ distro_status distro_optim_create(const distro_options *opt, distro_comm *comm, 
   if (!o) return distro__fail(DISTRO_ERR_NOMEM, "distro_optim_create: out of memory");
   o->opt = *opt;
   o->comm = comm;
+  o->spread = 1.0;
   *out = o;
   return DISTRO_OK;
 }

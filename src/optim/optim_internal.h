@@ -33,7 +33,8 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
  * apply the aggregate (cannot fail). */
 size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s);
 /* The staged state (momentum; with overlap DisTrO-AdamW's moments) becomes
- * current: the step's exchange succeeded. */
+ * current and the decoded aggregate's spread is taken (o->spread): the
+ * step's exchange succeeded. */
 void distro__demo_commit(distro_optim *o);
 /* The apply phase. agg: apply the aggregate decoded into the optimizer's
  * own set with lr_agg (the step's own lr; with overlap the lr of the step
@@ -45,11 +46,6 @@ void distro__demo_apply(distro_optim *o, int agg, float lr_agg, int64_t t_agg, f
 /* Bytes of one thread's workspace of the DeMo step for tiles of up to
  * max_tile elements. */
 size_t distro__demo_ws_bytes(int64_t max_tile);
-/* Where rank r's decoded selection of tile c of tensor i starts in
- * dec_idx / dec_val. */
-static inline size_t distro__sel_at(const distro_optim *o, int r, int i, int64_t c) {
-  return (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i] + (size_t)(c * o->tilings[i].k);
-}
 /* The spread of the decoded aggregate (spread.c; step_rule.h): distinct
  * selected coefficients of the live ranks per coefficient one rank selects,
  * over a fixed sample of the tiles; 1 with nothing selected. */

@@ -71,6 +71,8 @@ struct distro_optim {
   int verified;        /* tensor lists agreed across ranks */
   int64_t step;        /* completed steps */
   distro__ramp ramp;   /* DisTrO-AdamW: the caller's lr schedule as seen so far (step_rule.h) */
+  double spread;       /* the spread of the latest committed aggregate (1 before any): its step
+                          and the look-ahead's next provisional step grow with it (step_rule.h) */
   int64_t max_numel;
   int64_t total_numel;
   distro__tiling *tilings; /* copy of each param's tiling, for the wire */
@@ -101,5 +103,11 @@ struct distro_optim {
   float *flat;                  /* AdamW baseline: all gradients + 1 flag */
   distro__overlap *ov;          /* options.overlap: the background exchange (overlap.c) */
 };
+
+/* Where rank r's decoded selection of tile c of tensor i starts in
+ * dec_idx / dec_val. */
+static inline size_t distro__sel_at(const distro_optim *o, int r, int i, int64_t c) {
+  return (size_t)r * (size_t)o->total_sel + (size_t)o->sel_off[i] + (size_t)(c * o->tilings[i].k);
+}
 
 #endif

@@ -10,7 +10,10 @@
  * (0: still rising). Version 2 files still load, as if the warm-up were
  * over (a state saved after the rise resumes as it would have run before).
  * Version 4 adds, after the warm-up, u32 pending: 0, or the options.overlap
- * mode of a save made with an exchange in flight. Then each tensor's arrays
+ * mode of a save made with an exchange in flight. Version 5 adds after it
+ * f64 the spread of the latest committed aggregate (step_rule.h), which the
+ * look-ahead's next provisional step grows with; older files load with 1.
+ * Then each tensor's arrays
  * are followed by what that exchange's step staged (the momentum; DisTrO-
  * AdamW's v; with look-ahead the agreed parameters, then the selection as
  * u32 positions and f32 values, k per tile), and the tensors by f32
@@ -26,11 +29,12 @@
 #include <string.h>
 
 #include "common/atomic_file.h"
+#include "comm/comm_internal.h"
 #include "common/error.h"
 #include "optim/optim_internal.h"
 
 #define STATE_MAGIC "DSTROPT"
-#define STATE_VERSION 4u
+#define STATE_VERSION 5u
 
 int distro__state_arrays(const distro_options *o, distro__state_array out[3]) {
   int n = 0;
@@ -150,6 +154,9 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
   distro__afile_u64(&w, (uint64_t)o->ramp.seen);
   distro__afile_u64(&w, (uint64_t)o->ramp.rise);
   distro__afile_u32(&w, pending ? (uint32_t)o->opt.overlap : 0u);
+  uint64_t spread_bits;
+  memcpy(&spread_bits, &o->spread, 8);
+  distro__afile_u64(&w, spread_bits);
   distro__state_array kinds[3];
   const int arrays = distro__state_arrays(&o->opt, kinds);
   for (int i = 0; i < o->nparams; i++) {
@@ -215,6 +222,15 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
                   (double)ramp.lr_last, (long long)ramp.seen, (long long)ramp.rise);
   }
   if (version >= 4u) DISTRO_CHECK(distro__rfile_read(&r, &pending, 4));
+  double spread = 1.0;
+  if (version >= 5u) {
+    DISTRO_CHECK(distro__rfile_read(&r, &spread, 8));
+    if (!(isfinite(spread) && spread >= 1.0))
+      DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt spread record (%g; a spread is finite and at least 1)", path, spread);
+    /* A spread cannot exceed the ranks that selected; a state saved by a
+     * larger job resumes with this job's largest. */
+    if (spread > (double)o->comm->size) spread = (double)o->comm->size;
+  }
   if (hdr[0] != (uint32_t)o->opt.algorithm || hdr[1] != (uint32_t)o->opt.update)
     DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved by a different algorithm or update rule", path);
   if (o->opt.algorithm == DISTRO_ALG_DEMO && (hdr[3] != (uint32_t)o->opt.chunk || hdr[4] != (uint32_t)o->opt.topk))
@@ -297,6 +313,7 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   }
   o->step = step;
   o->ramp = ramp;
+  o->spread = spread;
   if (o->ov) distro__overlap_restore(o, payload, psize, plr); /* NULL: nothing pending */
   free(fresh);
   free(fidx);

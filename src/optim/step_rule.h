@@ -58,8 +58,8 @@ double distro__ramp_scale(const distro__ramp *r, int64_t t);
 double distro__adamw_spread_scale(double s);
 
 /* That step for learning rate lr, warm-up state r (NULL: none) and the
- * aggregate's spread s (1: none, as for the look-ahead's provisional
- * step), rounded once to float: what every path (CPU, look-ahead, CUDA)
+ * aggregate's spread s (1: none; the look-ahead's provisional step takes
+ * the latest committed aggregate's), rounded once to float: what every path (CPU, look-ahead, CUDA)
  * applies. */
 static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr, const distro__ramp *r, double s) {
   return (float)(distro__adamw_step_scale(beta2, t) * (r ? distro__ramp_scale(r, t) : 1.0) *

@@ -395,6 +395,12 @@ void dr_step(dr_model *m, double lr, const float *const *grads) {
 
 double dr_spread_scale(double s) { return s > 2 ? sqrt(s / 2) : 1; }
 
+void dr_spread_counts(const dr_model *m, int64_t *lo, int64_t *hi, int64_t *picks) {
+  *lo = m->sp_lo;
+  *hi = m->sp_hi;
+  *picks = m->sp_picks;
+}
+
 double dr_adamw_step(double beta2, int64_t t) {
   /* RAdam's rectification, from its paper's formulas: rho_inf = 2/(1-b2) - 1,
    * rho_t = rho_inf - 2 t b2^t / (1 - b2^t), r_t defined for rho_t > 4. */

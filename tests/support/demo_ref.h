@@ -53,6 +53,11 @@ void dr_geometry(const dr_model *m, int t, int *h, int *w, int64_t *tiles);
  * distinct selected coefficients per coefficient one rank selects): 1 up
  * to s = 2, sqrt(s / 2) above. */
 double dr_spread_scale(double s);
+/* The last step's spread as counts: the sampled tiles' distinct selected
+ * coefficients lie in [*lo, *hi] (equal unless a sampled tile is tainted),
+ * over the *picks coefficients one rank selected there; 0, 0, 0 before
+ * the first step. */
+void dr_spread_counts(const dr_model *m, int64_t *lo, int64_t *hi, int64_t *picks);
 /* DisTrO-AdamW's step at step t (1-based) in units of lr: RAdam's
  * rectification of the second moment (beta2). */
 double dr_adamw_step(double beta2, int64_t t);
