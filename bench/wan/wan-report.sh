@@ -96,6 +96,19 @@ END {
     printf "  time to the AdamW loss at %s Mbit/s (target >= %dx sooner): best %s %.1f s vs adamw %.1f s = %.1fx: %s\n", rate,
            want[rate], best, bt, tadam[rate], tadam[rate] / bt, (tadam[rate] / bt >= want[rate] ? "met" : "MISSED")
   }
+  # 2b. The other way round, for runs that end above the AdamW loss: the
+  #     time AdamW takes to the last periodic validation of each (its first
+  #     validation at or below it, so an upper bound on the AdamW time).
+  for (q = 1; q <= 2; q++) {
+    rate = need[q]; if (!(rate in tadam)) continue
+    for (r = 1; r <= n; r++) if (R[r, 2] == rate && R[r, 1] != "adamw" && R[r, 4] != "failed" && T[r] <= 0) {
+      lv = last_val(R[r, 1], rate); tm = curve_time(R[r, 1], rate, lv); ta = curve_time("adamw", rate, lv)
+      if (lv == "" || tm <= 0) continue
+      if (ta < 0) printf "  adamw at %s Mbit/s never reaches the last validation of %s, %.4f (%.1f s)\n", rate, R[r, 1], lv, tm
+      else printf "  adamw at %s Mbit/s reaches the last validation of %s, %.4f, after %.1f s, %s after %.1f s: %.1fx\n", rate,
+                  R[r, 1], lv, ta, R[r, 1], tm, ta / tm
+    }
+  }
   # 3. Byte counts.
   lo = 9; hi = 0; bad = ""
   for (r = 1; r <= n; r++) if (R[r, 8] > 0) { x = R[r, 9] / R[r, 8]; if (x < lo) lo = x; if (x > hi) hi = x

@@ -28,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/atomic_file.h"
 #include "comm/comm_internal.h"
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "optim/optim_internal.h"
 
