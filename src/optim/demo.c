@@ -383,7 +383,7 @@ static void swap(float **a, float **b) {
 }
 
 void distro__demo_commit(distro_optim *o) {
-  o->spread = distro__aggregate_spread(o);
+  o->spread = distro__step_spread(o);
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     swap(&p->mom, &p->mom_next);

@@ -41,3 +41,11 @@ double distro__aggregate_spread(distro_optim *o) {
   }
   return picks > 0 && distinct > 0 ? (double)distinct / (double)picks : 1.0;
 }
+
+double distro__step_spread(distro_optim *o) {
+  /* Only DisTrO-AdamW's step grows with the spread, and only above
+   * DISTRO__SPREAD_CALIBRATED, which two ranks cannot exceed: the count
+   * would change nothing there. */
+  if (o->opt.update == DISTRO_UPDATE_SIGN || o->comm->size <= DISTRO__SPREAD_CALIBRATED) return 1.0;
+  return distro__aggregate_spread(o);
+}
