@@ -2,9 +2,10 @@
  *  - the agreed parameters are the stale overlap's, bit for bit: after a
  *    flush the parameters equal the STALE run's on every rank, and after
  *    every call each element sits at the STALE run's value or exactly one
- *    provisional step (1.0 lr for sign, 0.75 times the rectified step for
- *    DisTrO-AdamW, grown with the spread of the aggregate applied in the
- *    same call, which the float64 reference counts) away from it;
+ *    provisional step (1.0 lr for sign; for DisTrO-AdamW min(1, 0.75 g)
+ *    times the rectified step grown by g, the growth from the spread of
+ *    the aggregate applied in the same call, which the float64 reference
+ *    counts) away from it;
  *  - the provisional step's direction is the sign of the rank's whole
  *    momentum of that step (what it sent plus what it kept), checked
  *    against the float64 reference (tests/support/demo_ref.c) wherever that
@@ -40,8 +41,12 @@ static float ahead(const distro_options *o, const double *lrs, int64_t t, double
   const double got = distro__adamw_step_scale(o->beta2, t);
   cr_assert(fabs(got - want) <= 1e-12 * want, "step %lld: DisTrO-AdamW step %.17g lr, reference %.17g lr",
             (long long)t, got, want);
-  /* rounded as the library rounds its step: once, to float */
-  return 0.75f * (float)(got * dr_warmup_of(lrs, t, t) * dr_spread_scale(s) * (double)lr);
+  /* rounded as the library rounds its step and its fraction: each once, to
+   * float; the fraction is 0.75 of the step unless it is grown, and rises
+   * with the growth g to the whole grown step */
+  const double g = dr_spread_scale(s);
+  const float frac = (float)(0.75 * g < 1.0 ? 0.75 * g : 1.0);
+  return frac * (float)(got * dr_warmup_of(lrs, t, t) * g * (double)lr);
 }
 
 /* Every size the provisional step for step t may take, given the

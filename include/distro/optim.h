@@ -161,11 +161,11 @@ DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name
  *  - STALE: the caller's parameters are the agreed ones; the gradient of
  *    step t+1 is taken at parameters one update behind.
  *  - LOOKAHEAD: on return the caller's parameters are the agreed ones minus
- *    this rank's provisional step (1.0 lr for the sign update, 0.75 times
- *    its own step for DisTrO-AdamW, grown with the spread of the last
- *    applied aggregate as that step is, times the sign of its whole
- *    momentum of step t, sent or not): an estimate of the update in
- *    flight, different on each rank. The agreed parameters are kept
+ *    this rank's provisional step (1.0 lr for the sign update; for
+ *    DisTrO-AdamW its own step grown by g with the spread of the last
+ *    applied aggregate, as that step is, times min(1, 0.75 g); times the
+ *    sign of its whole momentum of step t, sent or not): an estimate of
+ *    the update in flight, different on each rank. The agreed parameters are kept
  *    inside the optimizer (4 bytes per parameter) and replace the
  *    caller's at the next step or flush, so
  *    changes the caller makes to its parameters while an exchange is in

@@ -127,10 +127,11 @@ static void copy_agreed(distro_optim *o, int to_caller) {
 /* The provisional step of look-ahead for this step's lr: DisTrO-AdamW's
  * grows with the spread of the latest committed aggregate, the best guess
  * of the one in flight (a state file keeps it, so a resumed run takes the
- * same provisional step). */
+ * same provisional step), and so does its fraction of the step
+ * (distro__ahead_fraction). */
 static float ahead_step(const distro_optim *o, float lr, int64_t t) {
   if (o->opt.update == DISTRO_UPDATE_SIGN) return DISTRO__AHEAD_SIGN * lr;
-  return DISTRO__AHEAD_ADAMW * distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp, o->spread);
+  return distro__ahead_fraction(o->spread) * distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp, o->spread);
 }
 
 int distro__overlap_saved(const distro_optim *o, size_t *size, float *lr) {

@@ -23,6 +23,10 @@ double distro__adamw_spread_scale(double s) {
   return s > DISTRO__SPREAD_CALIBRATED ? sqrt(s / DISTRO__SPREAD_CALIBRATED) : 1.0;
 }
 
+float distro__ahead_fraction(double s) {
+  return (float)fmin(1.0, DISTRO__AHEAD_ADAMW * distro__adamw_spread_scale(s));
+}
+
 void distro__ramp_observe(distro__ramp *r, float lr) {
   r->seen++;
   /* The rise ends at the first step whose lr is not above the one before. */

@@ -68,10 +68,14 @@ static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr, c
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in
  * flight, as a fraction of the update's own step (sign: lr; DisTrO-AdamW:
- * its rectified step, distro__adamw_step_scale), along the sign of the
- * rank's whole momentum. 0.75 and 1.0 were compared on the demo model with
- * the rectified step; the runs are in docs/design.md, "Overlap". */
+ * its rectified step grown with the spread, distro__adamw_sign_step), along
+ * the sign of the rank's whole momentum. DisTrO-AdamW's fraction is
+ * DISTRO__AHEAD_ADAMW where the step is not grown (two ranks) and rises
+ * with the growth g to the whole grown step: min(1, 0.75 g), rounded once
+ * to float. The runs that chose it are in docs/design.md ("At 4 and 8
+ * ranks"). */
 #define DISTRO__AHEAD_SIGN 1.0f
-#define DISTRO__AHEAD_ADAMW 0.75f
+#define DISTRO__AHEAD_ADAMW 0.75
+float distro__ahead_fraction(double s);
 
 #endif
