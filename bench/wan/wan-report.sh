@@ -102,8 +102,9 @@ END {
   for (q = 1; q <= 2; q++) {
     rate = need[q]; if (!(rate in tadam)) continue
     for (r = 1; r <= n; r++) if (R[r, 2] == rate && R[r, 1] != "adamw" && R[r, 4] != "failed" && T[r] <= 0) {
-      lv = last_val(R[r, 1], rate); tm = curve_time(R[r, 1], rate, lv); ta = curve_time("adamw", rate, lv)
-      if (lv == "" || tm <= 0) continue
+      lv = last_val(R[r, 1], rate); if (lv == "") continue
+      tm = curve_time(R[r, 1], rate, lv); ta = curve_time("adamw", rate, lv)
+      if (tm <= 0) continue
       if (ta < 0) printf "  adamw at %s Mbit/s never reaches the last validation of %s, %.4f (%.1f s)\n", rate, R[r, 1], lv, tm
       else printf "  adamw at %s Mbit/s reaches the last validation of %s, %.4f, after %.1f s, %s after %.1f s: %.1fx\n", rate,
                   R[r, 1], lv, ta, R[r, 1], tm, ta / tm

@@ -165,9 +165,9 @@ DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name
  *    DisTrO-AdamW its own step grown by g with the spread of the last
  *    applied aggregate, as that step is, times min(1, 0.75 g); times the
  *    sign of its whole momentum of step t, sent or not): an estimate of
- *    the update in flight, different on each rank. The agreed parameters are kept
- *    inside the optimizer (4 bytes per parameter) and replace the
- *    caller's at the next step or flush, so
+ *    the update in flight, different on each rank. The agreed parameters
+ *    are kept inside the optimizer (4 bytes per parameter) and replace
+ *    the caller's at the next step or flush, so
  *    changes the caller makes to its parameters while an exchange is in
  *    flight are lost; without one in flight (the first step, after a flush
  *    or a failure) the caller's parameters are taken as the agreed ones.
