@@ -470,7 +470,7 @@ Test(overlap, refusals) {
   distro_optim *o = NULL;
   cr_assert_eq(distro_comm_local_group(1, &c), DISTRO_OK);
   distro_options bad = distro_options_default(DISTRO_ALG_DEMO);
-  bad.overlap = 3;
+  bad.overlap = 4;
   cr_assert_eq(distro_optim_create(&bad, c, &o), DISTRO_ERR_INVALID);
   cr_assert(strstr(distro_last_error(), "overlap") != NULL, "%s", distro_last_error());
   cr_assert_null(o);

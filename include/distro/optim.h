@@ -52,9 +52,14 @@ typedef enum {
                                    forward/backward; the caller's parameters
                                    meanwhile hold the agreed ones plus this
                                    rank's own provisional step */
-  DISTRO_OVERLAP_STALE = 2      /* the same exchange, no provisional step: the
+  DISTRO_OVERLAP_STALE = 2,     /* the same exchange, no provisional step: the
                                    caller's parameters are always the agreed,
                                    one step late */
+  DISTRO_OVERLAP_BACKWARD = 3   /* the blocking step, bit for bit, its payload
+                                   sent in parts as the caller marks gradients
+                                   final during backward
+                                   (distro_optim_grad_ready), so the exchange
+                                   runs behind the rest of backward */
 } distro_overlap;
 
 #define DISTRO_OPTIONS_VERSION 3
@@ -91,8 +96,10 @@ typedef struct distro_options {
                                   gradient is taken close to where the
                                   parameters are going. STALE: the same
                                   without the provisional step, as Psyche
-                                  runs DeMo. What each costs in loss:
-                                  docs/design.md, "Overlap". */
+                                  runs DeMo. BACKWARD: the blocking step, its
+                                  exchange started during backward
+                                  (distro_optim_grad_ready). What each costs
+                                  in loss: docs/design.md, "Overlap". */
 } distro_options;
 
 /* Defaults, the same for every algorithm: lr 4e-4, beta 0.9/0.95, eps 1e-8,
@@ -146,6 +153,33 @@ DISTRO_API distro_status distro_optim_add_param(distro_optim *o, const char *nam
 /* Sets (or moves) the gradient buffer of the tensor registered as `name`.
  * Allowed at any time between steps; the buffer is read at each step. */
 DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name, const float *grad);
+
+/* options.overlap = DISTRO_OVERLAP_BACKWARD: this rank's gradient of tensor
+ * `name` is final for the coming step (call it during backward, as soon as
+ * the tensor's gradient is complete and clipped), with the lr the coming
+ * distro_optim_step will get. The tensors are grouped in a few buckets of
+ * consecutive registered tensors; when every tensor of a bucket is marked,
+ * its part of the step is compressed here, on the calling thread, and its
+ * all-gather starts on the optimizer's helper thread (on the private
+ * duplicate of `comm`, as options.overlap's modes make), so it runs while
+ * backward goes on. distro_optim_step then does the rest and applies the
+ * aggregate: the parameters are those of the blocking step on the same
+ * gradients, bit for bit, on every rank.
+ *  - Every rank must mark its tensors in the same order (a bucket's
+ *    exchange is a collective); marks in another order make the step fail
+ *    on every rank with an error saying so, with nothing applied.
+ *  - A marked gradient must not change until distro_optim_step returns;
+ *    nor may the lr (a step with another lr is refused, and nothing
+ *    changes). Marking a tensor twice in one step is refused.
+ *  - The first step, and optimizers with any other overlap (the AdamW
+ *    baseline too), do nothing here but check the name: the step sends
+ *    everything, so a trainer may call this unconditionally.
+ *  - distro_optim_load is refused between a mark and its step;
+ *    distro_optim_save is not (it saves the state before the step).
+ *  - The clip a trainer applies to the whole gradient's norm is known only
+ *    at the end of backward; clip each tensor by its own norm instead
+ *    (docs/design.md "Overlap"). */
+DISTRO_API distro_status distro_optim_grad_ready(distro_optim *o, const char *name, float lr);
 
 /* One optimizer step on every registered tensor. `lr` overrides the options'
  * lr (for schedules). Collective: every rank must call it. On any failure no

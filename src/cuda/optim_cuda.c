@@ -36,6 +36,9 @@ distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *c
   if (!out) return distro__fail(DISTRO_ERR_INVALID, "distro_cuda_optim_create: out is NULL");
   *out = NULL;
   DISTRO_CHECK(distro_optim_create(opt, comm, &host));
+  if (host->opt.overlap == DISTRO_OVERLAP_BACKWARD)
+    DISTRO_FAIL(DISTRO_ERR_UNSUPPORTED, "distro_cuda_optim_create: options.overlap = DISTRO_OVERLAP_BACKWARD is "
+                                        "the CPU optimizer's only (the GPU step has no per-bucket compress)");
   distro_cuda_optim *o = calloc(1, sizeof *o);
   if (!o) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_cuda_optim_create: out of memory");
   o->host = host;

@@ -335,9 +335,9 @@ static int step_threads(const distro_optim *o) {
   return o->nws < omp_get_max_threads() ? o->nws : omp_get_max_threads();
 }
 
-size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
+int distro__demo_compress_tensors(distro_optim *o, float lr, int first, int count, distro_step_stats *s) {
   const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN, nt = step_threads(o);
-  const int64_t ntiles = o->tile_base[o->nparams];
+  const int64_t g0 = o->tile_base[first], g1 = o->tile_base[first + count];
   /* The sign variant folds lr into the momentum (the reference's choice);
    * DisTrO-AdamW accumulates its normalized gradient. */
   const float scale = sign_update ? lr : 1.0f;
@@ -345,16 +345,16 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
   const float c2 = (float)(1.0 - pow((double)o->opt.beta2, (double)(o->step + 1)));
   int64_t bad_tile = INT64_MAX;
   memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
-  double t0 = distro__now();
+  const double t0 = distro__now();
 #pragma omp parallel num_threads(nt) reduction(min : bad_tile)
   {
     const int th = omp_get_thread_num();
     tile_ws ws = workspace(o, th);
 #pragma omp for schedule(dynamic, 16)
-    for (int64_t g = 0; g < ntiles; g++) {
+    for (int64_t g = g0; g < g1; g++) {
       int64_t c;
       const int i = tile_tensor(o, g, &c);
-      prefetch_tile(o, g + 1, PF_GRAD | (sign_update ? 0 : PF_ADAM));
+      if (g + 1 < g1) prefetch_tile(o, g + 1, PF_GRAD | (sign_update ? 0 : PF_ADAM));
       if (!compress_tile(o, i, c, scale, c2, &ws) && g < bad_tile) bad_tile = g;
     }
 #if defined(__x86_64__) && defined(__SSE__)
@@ -368,7 +368,12 @@ size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
     int64_t c;
     bad = tile_tensor(o, bad_tile, &c);
   }
-  t0 = distro__now();
+  return bad;
+}
+
+size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
+  const int bad = distro__demo_compress_tensors(o, lr, 0, o->nparams, s);
+  const double t0 = distro__now();
   const size_t size = distro__payload_encode(o, bad);
   s->seconds_topk += distro__now() - t0;
   s->seconds_codec += distro__now() - t0;
@@ -412,7 +417,7 @@ void distro__demo_apply(distro_optim *o, int agg, float lr, int64_t t, float ahe
       int64_t c;
       const int i = tile_tensor(o, g, &c);
       /* DisTrO-AdamW reads g and v here unless v' was staged (overlap). */
-      prefetch_tile(o, g + 1, PF_PARAM | (sign_update || o->opt.overlap ? 0 : PF_GRAD | PF_ADAM));
+      prefetch_tile(o, g + 1, PF_PARAM | (sign_update || o->ov ? 0 : PF_GRAD | PF_ADAM));
       if (agg) apply_tile(o, i, c, lr, step, &ws);
       if (lookahead) ahead_tile(o, i, c, ahead, &ws);
     }

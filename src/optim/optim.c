@@ -123,6 +123,7 @@ distro_status distro_optim_set_grad(distro_optim *o, const char *name, const flo
 
 static void free_state(distro_optim *o) {
   distro__overlap_free(o); /* first: its helper reads the payload buffers */
+  distro__backward_free(o);
   for (int i = 0; i < o->nparams; i++) {
     distro__param *p = &o->params[i];
     distro__dct_plan_destroy(&p->plan);
@@ -177,7 +178,8 @@ distro_status distro__optim_prepare(distro_optim *o) {
       p->v = zalloc_floats(p->numel);
       if (!demo) p->m = zalloc_floats(p->numel);
       if (!p->v || (!demo && !p->m)) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for AdamW moments of '%s'", p->name);
-      if (demo && o->opt.overlap) { /* staged until the exchange completes (demo.c) */
+      if (demo && o->opt.overlap && o->opt.overlap != DISTRO_OVERLAP_BACKWARD) { /* staged until the exchange
+                                                                                 completes (demo.c) */
         p->v_next = zalloc_floats(p->numel);
         if (!p->v_next) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the staged AdamW moment of '%s'", p->name);
       }
@@ -218,7 +220,8 @@ distro_status distro__optim_prepare(distro_optim *o) {
     if (!o->ws || !o->ws_clock)
       DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the step's workspaces (%d x %zu bytes)", o->nws, o->ws_bytes);
     memset(o->ws, 0, o->ws_bytes * (size_t)o->nws); /* the selection counts start (and stay) zero */
-    if (o->opt.overlap) DISTRO_CHECK(distro__overlap_init(o));
+    if (o->opt.overlap == DISTRO_OVERLAP_BACKWARD) DISTRO_CHECK(distro__backward_init(o));
+    else if (o->opt.overlap) DISTRO_CHECK(distro__overlap_init(o));
   } else if (o->comm->size > 1) { /* one rank updates straight from its gradients */
     o->flat = zalloc_floats(o->total_numel + 1);
     if (!o->flat) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the all-reduce buffer");
@@ -331,6 +334,7 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
   /* Overlap: the private comm of the background exchanges, made once the
    * ranks agree that all of them overlap. */
   if (o->ov) DISTRO_CHECK(distro__overlap_attach(o));
+  if (o->bw) DISTRO_CHECK(distro__backward_begin(o, lr));
   /* With options.threads, the step's parallel regions use that many threads;
    * the caller's setting comes back on return. */
   const int caller_threads = omp_get_max_threads();
@@ -338,6 +342,7 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
   const distro__ramp ramp = o->ramp; /* restored if the step fails */
   distro__ramp_observe(&o->ramp, lr);
   if (o->ov) st = distro__overlap_step(o, lr, &s); /* counts its own steps */
+  else if (o->bw) st = distro__backward_step(o, lr, &s);
   else st = o->opt.algorithm == DISTRO_ALG_DEMO ? distro__demo_step(o, lr, &s) : distro__adamw_step(o, lr, &s);
   if (o->opt.threads > 0) omp_set_num_threads(caller_threads);
   if (st != DISTRO_OK) {

@@ -32,6 +32,9 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
  * after distro__payload_exchange succeeded, commit the staged momentum and
  * apply the aggregate (cannot fail). */
 size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s);
+/* The compress of tensors [first, first + count) alone, unencoded: returns
+ * the first whose state is not finite, or -1. */
+int distro__demo_compress_tensors(distro_optim *o, float lr, int first, int count, distro_step_stats *s);
 /* The staged state (momentum; with overlap DisTrO-AdamW's moments) becomes
  * current and the decoded aggregate's spread is taken (o->spread): the
  * step's exchange succeeded. */
@@ -56,19 +59,22 @@ double distro__step_spread(distro_optim *o);
 
 /* A payload format (payload_format.c): one entry per wire version, chosen
  * once by distro__payload_prepare. bound: the largest payload of a tensor
- * list; prepare: the format's tables and o->slot; encode / encode_abort:
- * this rank's payload into o->send, returning its size (0: a bug); gather:
- * the all-gather into recv (world slots of o->slot bytes), each rank's size
- * into sizes; decode: validate a peer's payload and decode it into idx[i] /
- * val[i] (an abort notice returns OK with *aborted set). */
+ * list; prepare: the format's tables and o->slot (the whole list's bound);
+ * encode / encode_abort: this rank's payload of bucket b (o->buckets) at
+ * its place in o->send, stamped `stamp`, returning its size (0: a bug);
+ * gather: bucket b's all-gather into recv (world slots of its slot bytes),
+ * each rank's size into sizes; decode: validate a peer's payload of bucket
+ * b and decode it into idx[i] / val[i] (i: the tensor's index in the whole
+ * list; an abort notice returns OK with *aborted set). */
 typedef struct distro__payload_format {
   int version;
   distro_status (*bound)(const distro__tiling *t, int n, distro_values v, uint64_t *bytes);
   distro_status (*prepare)(distro_optim *o);
-  size_t (*encode)(distro_optim *o, uint32_t rank, uint64_t step);
-  size_t (*encode_abort)(distro_optim *o, uint32_t rank, uint64_t step, uint32_t status, uint32_t tensor);
-  distro_status (*gather)(const distro_optim *o, distro_comm *comm, size_t size, uint8_t *recv, size_t *sizes);
-  distro_status (*decode)(const distro_optim *o, const uint8_t *buf, size_t size, int peer, int *aborted,
+  size_t (*encode)(distro_optim *o, int b, uint32_t rank, uint64_t stamp);
+  size_t (*encode_abort)(distro_optim *o, int b, uint32_t rank, uint64_t stamp, uint32_t status, uint32_t tensor);
+  distro_status (*gather)(const distro_optim *o, distro_comm *comm, int b, size_t size, uint8_t *recv,
+                          size_t *sizes);
+  distro_status (*decode)(const distro_optim *o, int b, const uint8_t *buf, size_t size, int peer, int *aborted,
                           uint32_t *why, uint32_t *tensor, uint32_t *const *idx, float *const *val);
 } distro__payload_format;
 /* The entry of a wire version; NULL if none (options_check refuses it first). */
@@ -78,8 +84,13 @@ const distro__payload_format *distro__payload_format_of(int wire_version);
 distro_status distro__payload_prepare(distro_optim *o);
 void distro__payload_destroy(distro_optim *o);
 /* Encodes this rank's selection, or an abort notice when bad_tensor >= 0;
- * returns the payload size (0: encoding failed, which is a bug). */
+ * returns the payload size (0: encoding failed, which is a bug). The whole
+ * list's (one bucket), or bucket b's. */
 size_t distro__payload_encode(distro_optim *o, int bad_tensor);
+size_t distro__payload_encode_bucket(distro_optim *o, int b, int bad_tensor);
+/* What bucket b's payload of `step` is stamped with: the step itself when
+ * there is one bucket. */
+uint64_t distro__payload_stamp(const distro_optim *o, int64_t step, int b);
 /* A rank that failed locally before its payload was ready (the GPU step's
  * CUDA, cuBLAS or cuFFT errors) still joins this step's exchange, with an
  * abort payload carrying `why`, so every rank fails the step with an error
@@ -98,6 +109,12 @@ distro_status distro__payload_exchange(distro_optim *o, size_t size, distro_step
  * run it while the caller applies the previous aggregate. */
 distro_status distro__payload_exchange_into(const distro_optim *o, distro_comm *comm, int64_t step,
                                             distro__xset *x, size_t size, distro_step_stats *s);
+/* Its two halves: bucket b's all-gather of `size` bytes into x (adds the
+ * bytes to s); then, with every bucket gathered, validate and decode all. */
+distro_status distro__payload_gather(const distro_optim *o, distro_comm *comm, int b, distro__xset *x, size_t size,
+                                     distro_step_stats *s);
+distro_status distro__payload_decode(const distro_optim *o, distro_comm *comm, int64_t step, distro__xset *x,
+                                     distro_step_stats *s);
 /* A second exchange set shaped like the optimizer's (overlap.c); free
  * accepts a zeroed set. */
 distro_status distro__xset_alloc(const distro_optim *o, distro__xset *x);
@@ -161,6 +178,20 @@ distro_status distro__overlap_ext_flush(distro_optim *o, const distro__overlap_e
  * flight and hands over an abort payload with `why`, so that every rank
  * fails its next step; returns why with the current error message. */
 distro_status distro__overlap_ext_fail(distro_optim *o, distro_status why);
+
+/* The gradient-ready exchange (backward.c, options.overlap BACKWARD): the
+ * blocking step's arithmetic, its payload sent in buckets as the caller
+ * marks their gradients final (distro_optim_grad_ready), each bucket's
+ * all-gather on a helper thread while backward goes on. */
+distro_status distro__backward_init(distro_optim *o); /* local: thread, buffers */
+/* Collective, at each step before it runs: the private comm (first step),
+ * and the check that every bucket sent early used this lr. */
+distro_status distro__backward_begin(distro_optim *o, float lr);
+distro_status distro__backward_step(distro_optim *o, float lr, distro_step_stats *s);
+/* Buckets handed over and not yet waited for: a state cannot be saved or
+ * loaded then. */
+int distro__backward_in_flight(const distro_optim *o);
+void distro__backward_free(distro_optim *o);
 
 /* Clip each peer's values per tensor to a multiple of the median norm. */
 int distro__robust_clip(float *const *vals, const uint8_t *dropped, int world, int64_t count, float multiple);

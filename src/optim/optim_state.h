@@ -25,8 +25,8 @@ typedef struct {
  * the overlapped one into a second set (overlap.c), swapped in when the
  * exchange has completed. */
 typedef struct distro__xset {
-  uint8_t *recv;        /* world slots of `slot` bytes */
-  size_t *sizes;        /* per rank: received payload bytes */
+  uint8_t *recv;        /* per bucket, world slots of its `slot` bytes */
+  size_t *sizes;        /* per bucket, per rank: received payload bytes */
   uint32_t *dec_idx;    /* world x total_sel decoded indices */
   float *dec_val;       /* world x total_sel decoded values */
   uint8_t *dropped;     /* per rank: payload skipped */
@@ -35,6 +35,16 @@ typedef struct distro__xset {
 } distro__xset;
 
 typedef struct distro__overlap distro__overlap;
+typedef struct distro__backward distro__backward;
+
+/* A bucket: tensors [first, first + count) sent as one payload of at most
+ * `slot` bytes, at `off` in the send buffer and at world * off in the receive
+ * buffer. One bucket holds every tensor unless options.overlap is BACKWARD,
+ * whose buckets are exchanged as backward completes them (backward.c). */
+typedef struct distro__bucket {
+  int first, count;
+  size_t slot, off;
+} distro__bucket;
 
 typedef struct distro__param {
   char *name;
@@ -81,9 +91,12 @@ struct distro_optim {
   distro__wire2_tensor *w2;       /* wire v2: tilings + ENUM tables */
   distro__enum_table *etabs;      /* one per distinct (chunk elements, k) */
   int n_etabs;
-  size_t slot;                    /* largest payload: send size (v1) or bound (v2) */
-  size_t *sizes;                  /* per rank: received payload bytes */
-  uint8_t *send, *recv;           /* recv: world slots of `slot` bytes */
+  size_t slot;                    /* largest payload: send size (v1) or bound (v2); the
+                                     sum of the buckets' */
+  distro__bucket *buckets;        /* nbuckets, in tensor order (payload.c) */
+  int nbuckets;
+  size_t *sizes;                  /* per bucket, per rank: received payload bytes */
+  uint8_t *send, *recv;           /* recv: each bucket's world slots */
   int64_t total_sel;              /* kept coefficients per rank, all tensors */
   int64_t *sel_off;               /* per tensor: offset into a rank's selection */
   uint32_t *dec_idx;              /* world x total_sel decoded indices */
@@ -101,7 +114,8 @@ struct distro_optim {
   uint8_t *ws;                    /* nws workspaces */
   distro__tile_clock *ws_clock;   /* per thread: where a phase's time went */
   float *flat;                  /* AdamW baseline: all gradients + 1 flag */
-  distro__overlap *ov;          /* options.overlap: the background exchange (overlap.c) */
+  distro__overlap *ov;          /* options.overlap LOOKAHEAD or STALE: the background exchange (overlap.c) */
+  distro__backward *bw;         /* options.overlap BACKWARD: the bucket exchanges (backward.c) */
 };
 
 /* Where rank r's decoded selection of tile c of tensor i starts in

@@ -55,11 +55,16 @@ distro_status distro__options_check(const distro_options *o) {
   if (!(isfinite(o->clip_median_multiple) && o->clip_median_multiple >= 0))
     return distro__fail(DISTRO_ERR_INVALID, "clip_median_multiple must be finite and >= 0");
   if (!(isfinite(o->lr) && o->lr >= 0)) return distro__fail(DISTRO_ERR_INVALID, "lr must be finite and >= 0");
-  if (o->overlap < DISTRO_OVERLAP_OFF || o->overlap > DISTRO_OVERLAP_STALE)
+  if (o->overlap < DISTRO_OVERLAP_OFF || o->overlap > DISTRO_OVERLAP_BACKWARD)
     return distro__fail(DISTRO_ERR_INVALID,
-                        "overlap must be DISTRO_OVERLAP_OFF (0), _LOOKAHEAD (1) or _STALE (2) (got %d)", o->overlap);
+                        "overlap must be DISTRO_OVERLAP_OFF (0), _LOOKAHEAD (1), _STALE (2) or _BACKWARD (3) (got %d)",
+                        o->overlap);
   if (o->overlap && o->algorithm != DISTRO_ALG_DEMO)
     return distro__fail(DISTRO_ERR_UNSUPPORTED, "overlap is for the DeMo step; the AdamW all-reduce has none");
+  if (o->overlap == DISTRO_OVERLAP_BACKWARD && o->wire_version == 1)
+    return distro__fail(DISTRO_ERR_UNSUPPORTED,
+                        "overlap = DISTRO_OVERLAP_BACKWARD sends the payload in parts, which wire version 1's fixed "
+                        "layout cannot: use wire_version 2");
   if (o->threads < 0 || o->threads > 4096)
     return distro__fail(DISTRO_ERR_INVALID, "threads must be in [0, 4096] (0: the caller's; got %d)", o->threads);
   if (!(isfinite(o->weight_decay) && o->weight_decay >= 0))

@@ -28,7 +28,10 @@ static distro_status v1_prepare(distro_optim *o) {
   return st;
 }
 
-static size_t v1_encode(distro_optim *o, uint32_t rank, uint64_t step) {
+/* v1 has one layout for the whole tensor list: one bucket (options_check
+ * refuses BACKWARD with it), so b is always 0. */
+static size_t v1_encode(distro_optim *o, int b, uint32_t rank, uint64_t step) {
+  (void)b;
   const distro__wire_layout *l = &o->layout;
   distro__wire_write_header(o->send, l, o->tilings, 0, rank, step, 0, 0);
   for (int i = 0; i < o->nparams; i++)
@@ -37,7 +40,9 @@ static size_t v1_encode(distro_optim *o, uint32_t rank, uint64_t step) {
   return l->total;
 }
 
-static size_t v1_encode_abort(distro_optim *o, uint32_t rank, uint64_t step, uint32_t status, uint32_t tensor) {
+static size_t v1_encode_abort(distro_optim *o, int b, uint32_t rank, uint64_t step, uint32_t status,
+                              uint32_t tensor) {
+  (void)b;
   const distro__wire_layout *l = &o->layout;
   distro__wire_write_header(o->send, l, o->tilings, DISTRO__WIRE_FLAG_ABORT, rank, step, status, tensor);
   distro__wire_clear_body(o->send, l);
@@ -45,14 +50,18 @@ static size_t v1_encode_abort(distro_optim *o, uint32_t rank, uint64_t step, uin
   return l->total;
 }
 
-static distro_status v1_gather(const distro_optim *o, distro_comm *comm, size_t size, uint8_t *recv, size_t *sizes) {
+static distro_status v1_gather(const distro_optim *o, distro_comm *comm, int b, size_t size, uint8_t *recv,
+                               size_t *sizes) {
+  (void)b;
   distro_status st = comm->ops->allgather(comm, o->send, size, recv);
   for (int r = 0; r < comm->size; r++) sizes[r] = size;
   return st;
 }
 
-static distro_status v1_decode(const distro_optim *o, const uint8_t *buf, size_t size, int peer, int *aborted,
-                               uint32_t *why, uint32_t *tensor, uint32_t *const *idx, float *const *val) {
+static distro_status v1_decode(const distro_optim *o, int b, const uint8_t *buf, size_t size, int peer,
+                               int *aborted, uint32_t *why, uint32_t *tensor, uint32_t *const *idx,
+                               float *const *val) {
+  (void)b;
   const distro__wire_layout *l = &o->layout;
   distro_status st = distro__wire_validate(buf, size, l, o->tilings, peer, aborted, why, tensor);
   if (st != DISTRO_OK || *aborted) return st;
@@ -102,26 +111,36 @@ static distro_status v2_prepare(distro_optim *o) {
   return DISTRO_OK;
 }
 
-static size_t v2_encode(distro_optim *o, uint32_t rank, uint64_t step) {
-  for (int i = 0; i < o->nparams; i++) {
+/* v2 encodes bucket b's tensors at its place in the send buffer. */
+static size_t v2_encode(distro_optim *o, int b, uint32_t rank, uint64_t step) {
+  const distro__bucket *k = &o->buckets[b];
+  for (int i = k->first; i < k->first + k->count; i++) {
     o->idx_ptrs[i] = o->params[i].idx;
     o->val_ptrs[i] = o->params[i].val;
   }
-  return distro__wire2_encode(o->send, o->slot, o->w2, o->nparams, o->opt.values, rank, step, o->idx_ptrs,
-                              o->val_ptrs);
+  return distro__wire2_encode(o->send + k->off, k->slot, o->w2 + k->first, k->count, o->opt.values, rank, step,
+                              o->idx_ptrs + k->first, o->val_ptrs + k->first);
 }
 
-static size_t v2_encode_abort(distro_optim *o, uint32_t rank, uint64_t step, uint32_t status, uint32_t tensor) {
-  return distro__wire2_encode_abort(o->send, o->w2, o->nparams, o->opt.values, rank, step, status, tensor);
+static size_t v2_encode_abort(distro_optim *o, int b, uint32_t rank, uint64_t step, uint32_t status,
+                              uint32_t tensor) {
+  const distro__bucket *k = &o->buckets[b];
+  return distro__wire2_encode_abort(o->send + k->off, o->w2 + k->first, k->count, o->opt.values, rank, step, status,
+                                    tensor);
 }
 
-static distro_status v2_gather(const distro_optim *o, distro_comm *comm, size_t size, uint8_t *recv, size_t *sizes) {
-  return comm->ops->allgatherv(comm, o->send, size, recv, o->slot, sizes);
+static distro_status v2_gather(const distro_optim *o, distro_comm *comm, int b, size_t size, uint8_t *recv,
+                               size_t *sizes) {
+  const distro__bucket *k = &o->buckets[b];
+  return comm->ops->allgatherv(comm, o->send + k->off, size, recv, k->slot, sizes);
 }
 
-static distro_status v2_decode(const distro_optim *o, const uint8_t *buf, size_t size, int peer, int *aborted,
-                               uint32_t *why, uint32_t *tensor, uint32_t *const *idx, float *const *val) {
-  return distro__wire2_decode(buf, size, o->w2, o->nparams, o->opt.values, peer, aborted, why, tensor, idx, val);
+static distro_status v2_decode(const distro_optim *o, int b, const uint8_t *buf, size_t size, int peer,
+                               int *aborted, uint32_t *why, uint32_t *tensor, uint32_t *const *idx,
+                               float *const *val) {
+  const distro__bucket *k = &o->buckets[b];
+  return distro__wire2_decode(buf, size, o->w2 + k->first, k->count, o->opt.values, peer, aborted, why, tensor,
+                              idx + k->first, val + k->first);
 }
 
 static const distro__payload_format FORMATS[] = {

@@ -199,6 +199,10 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   if (distro__overlap_in_flight(o))
     return distro__fail(DISTRO_ERR_INVALID,
                         "distro_optim_load: an exchange is in flight (options.overlap); call distro_optim_flush first");
+  if (distro__backward_in_flight(o))
+    return distro__fail(DISTRO_ERR_INVALID,
+                        "distro_optim_load: gradients were marked ready for a step not taken yet "
+                        "(distro_optim_grad_ready); call distro_optim_step first");
   DISTRO_CHECK(distro__optim_prepare(o));
   DISTRO_CHECK(distro__rfile_open(&r, path));
   char magic[8];

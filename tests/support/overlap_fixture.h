@@ -27,7 +27,7 @@ static inline int64_t total(void) {
 
 static inline void keep(char *dst, const char *src) { snprintf(dst, 512, "%s", src); }
 
-static void setup(dr_run *x, distro_options opt, int world, int steps, int threads, uint64_t seed) {
+static inline void setup(dr_run *x, distro_options opt, int world, int steps, int threads, uint64_t seed) {
   memset(x, 0, sizeof *x);
   x->opt = opt;
   x->world = world;
@@ -42,7 +42,7 @@ static void setup(dr_run *x, distro_options opt, int world, int steps, int threa
   for (int s = 0; s < steps; s++) x->lrs[s] = (opt.update == DISTRO_UPDATE_SIGN ? 0.01 : 2e-3) * (1.0 + 0.3 * s);
 }
 
-static void run_ok(dr_run *x, const char *label, uint64_t seed) {
+static inline void run_ok(dr_run *x, const char *label, uint64_t seed) {
   distro_status st = dr_run_exec(x);
   cr_assert_eq(st, DISTRO_OK, "%s world %d: %s / %s (DISTRO_TEST_SEED=%llu)", label, x->world, x->err[0],
                x->err[x->world - 1], (unsigned long long)seed);
