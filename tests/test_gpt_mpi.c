@@ -88,8 +88,10 @@ Test(gpt_mpi, same_parameters_as_in_process_ranks) {
                                "--optim diloco --learners 1 --ranks-per-learner 2 --inner distro --H 5 --steps 12",
                                /* the exchange on the optimizer's helper thread (MPI_THREAD_MULTIPLE) */
                                "--optim distro --overlap-step --steps 12",
-                               "--optim distro-adamw --overlap-step --steps 12"};
-  for (int i = 0; i < 8; i++) {
+                               "--optim distro-adamw --overlap-step --steps 12",
+                               /* buckets gathered on the helper thread during backward */
+                               "--optim distro-adamw --overlap-backward --steps 12"};
+  for (int i = 0; i < 9; i++) {
     const unsigned long long local = checksum(0, runs[i]), mpi = checksum(1, runs[i]);
     cr_expect_eq(local, mpi, "%s: in-process %016llx, MPI %016llx", runs[i], local, mpi);
   }

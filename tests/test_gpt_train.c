@@ -617,9 +617,9 @@ Test(gpt_errors, bad_flags) {
   expect_error("--compare --optim decoupled", 2, "--compare does not take --optim decoupled");
   expect_error("--optim adamw --inner distro", 2, "--inner is a DiLoCo setting");
   expect_error("--optim decoupled --inner sgd", 2, "--inner: 'sgd' is not one of adamw, distro, distro-adamw");
-  expect_error("--optim adamw --overlap-step", 2, "--overlap-step and --overlap-stale are for --optim distro or distro-adamw");
-  expect_error("--optim diloco --overlap-step", 2, "--overlap-step and --overlap-stale are for --optim distro or distro-adamw");
-  expect_error("--compare --overlap-step", 2, "--overlap-step and --overlap-stale are for --optim distro or distro-adamw");
+  expect_error("--optim adamw --overlap-step", 2, "--overlap-backward are for --optim distro or distro-adamw");
+  expect_error("--optim diloco --overlap-step", 2, "--overlap-backward are for --optim distro or distro-adamw");
+  expect_error("--compare --overlap-step", 2, "--overlap-backward are for --optim distro or distro-adamw");
   char *out;
   char cmd[600];
   snprintf(cmd, sizeof cmd, "'%s' --help", GPT_TRAIN);
@@ -718,5 +718,35 @@ Test(gpt_train, compare_prints_the_table_and_plots) {
   int rc = run(cmd, &out);
   cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
   cr_assert(strstr(out, "== Comparison") && strstr(out, "gnuplot is not installed"), "%s", out);
+  free(out);
+}
+
+/* --overlap-backward: the optimizer's gradient-ready exchange gives the bits
+ * of the blocking step with the same per-tensor clip (--clip-per-tensor),
+ * at 3 ranks and 2 threads, for both DisTrO optimizers; the per-tensor clip
+ * is not the global one (the checksums differ); refusals. */
+Test(gpt_train, overlap_backward_is_the_blocking_step) {
+  for (int i = 1; i < 3; i++) {
+    char args[512];
+    snprintf(args, sizeof args, "--optim %s --ranks 3 --threads 2 --steps 12 --checksum --clip-per-tensor", OPTIMS[i]);
+    char *out = train(args);
+    const unsigned long long each = checksum_of(out);
+    cr_assert(strstr(out, "each tensor clipped by its own norm"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--optim %s --ranks 3 --threads 2 --steps 12 --checksum --overlap-backward", OPTIMS[i]);
+    out = train(args);
+    cr_assert_eq(checksum_of(out), each, "%s: --overlap-backward ends elsewhere than the blocking step\n%s", OPTIMS[i],
+                 out);
+    cr_assert(strstr(out, "gradient-ready"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--optim %s --ranks 3 --threads 2 --steps 12 --checksum", OPTIMS[i]);
+    out = train(args);
+    cr_assert_neq(checksum_of(out), each, "%s: the per-tensor clip changed nothing\n%s", OPTIMS[i], out);
+    free(out);
+  }
+  char cmd[1024], *out;
+  snprintf(cmd, sizeof cmd, "'%s' --data '%s' " TINY " --optim adamw --overlap-backward --steps 2", GPT_TRAIN, corpus);
+  cr_assert_eq(run(cmd, &out), 2, "%s", out);
+  cr_assert(strstr(out, "--overlap-backward"), "%s", out);
   free(out);
 }

@@ -66,6 +66,8 @@ static void usage(FILE *f) {
 "  --clip X            clip each rank's local gradient to global L2 norm X (1.0; 0: off).\n"
 "                      The all-reduce happens inside the optimizer step, so for every\n"
 "                      optimizer this is per rank, before averaging.\n"
+"  --clip-per-tensor   clip each tensor instead, by its own norm, to X times the square\n"
+"                      root of its share of the parameters, as backward completes it\n"
 "  --wd X              decoupled weight decay (0)\n"
 "  --beta1 X, --beta2 X  AdamW moments (adamw, distro-adamw) (0.9, 0.95)\n"
 "  --topk N            DisTrO: coefficients kept per chunk\n"
@@ -78,6 +80,9 @@ static void usage(FILE *f) {
 "                      each rank steps along the sign of its own whole momentum\n"
 "                      (look-ahead; options.overlap; docs/design.md \"Overlap\")\n"
 "  --overlap-stale     the same without the look-ahead step (one-step-stale, as Psyche)\n"
+"  --overlap-backward  DisTrO: the blocking step, its all-gather started in parts during\n"
+"                      backward as tensors' gradients become final (the gradient-ready\n"
+"                      exchange; implies --clip-per-tensor)\n"
 "  each --optim's defaults, tuned on the demo setting (README.md):\n"
 "%s"
 "DiLoCo (--optim diloco; docs/diloco.md)\n"
@@ -250,6 +255,8 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--progress-thread")) { c.diloco.progress_thread = 1; diloco_flags = 1; continue; }
     if (!strcmp(a, "--overlap-step")) { c.overlap_step = 1; continue; }
     if (!strcmp(a, "--overlap-stale")) { c.overlap_step = 2; continue; }
+    if (!strcmp(a, "--overlap-backward")) { c.overlap_step = 3; c.clip_each = 1; continue; }
+    if (!strcmp(a, "--clip-per-tensor")) { c.clip_each = 1; continue; }
     if (!strcmp(a, "--insecure")) { c.insecure = 1; decoupled_flags = 1; continue; }
     static const char *const valued[] = {
         "--data",   "--layers",     "--dim",        "--heads",       "--context", "--optim",      "--lr",
@@ -476,8 +483,10 @@ int main(int argc, char **argv) {
                "sparseloco%s%s", "", "");
   if (c.warmup > c.steps) return bad("--warmup must be <= --steps%s%s", "", "");
   if (c.overlap_step && (compare || (c.optim != GPT_OPT_DISTRO && c.optim != GPT_OPT_DISTRO_ADAMW)))
-    return bad("--overlap-step and --overlap-stale are for --optim distro or distro-adamw (not adamw, DiLoCo, "
-               "decoupled or --compare)%s%s", "", "");
+    return bad("--overlap-step, --overlap-stale and --overlap-backward are for --optim distro or distro-adamw (not "
+               "adamw, DiLoCo, decoupled or --compare)%s%s", "", "");
+  if (c.clip_each && (compare || c.optim == GPT_OPT_DILOCO || c.optim == GPT_OPT_DECOUPLED))
+    return bad("--clip-per-tensor is for --optim adamw, distro or distro-adamw%s%s", "", "");
   if (c.optim == GPT_OPT_ADAMW && !compare && (ov.topk || ov.chunk || ov.decay || ov.values))
     return bad("--topk, --chunk, --decay and --values are DisTrO settings; --optim adamw takes none%s%s", "", "");
   if (diloco_flags && !compare && c.optim != GPT_OPT_DILOCO && c.optim != GPT_OPT_DECOUPLED)
@@ -567,7 +576,9 @@ int main(int argc, char **argv) {
         if (step_optim_kind(&c) != GPT_OPT_ADAMW)
           printf(", topk %d, chunk %d, decay %g, %s values", c.topk, c.chunk, (double)c.decay, values_name(c.values));
         if (c.overlap_step)
-          printf(", %s (exchange in the background)", c.overlap_step == 2 ? "one-step-stale" : "look-ahead overlap");
+          printf(", %s (exchange in the background)",
+                 c.overlap_step == 3 ? "gradient-ready" : c.overlap_step == 2 ? "one-step-stale" : "look-ahead overlap");
+        if (c.clip_each) printf(", each tensor clipped by its own norm");
         printf("\n");
         fflush(stdout);
       }

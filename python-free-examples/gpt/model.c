@@ -543,7 +543,9 @@ double gpt_loss_sum(const gpt_model *m) {
   return s;
 }
 
-void gpt_backward(gpt_model *m) {
+void gpt_backward(gpt_model *m) { gpt_backward_hooked(m, NULL, NULL); }
+
+void gpt_backward_hooked(gpt_model *m, gpt_grads_ready_fn ready, void *ctx) {
   const int L = m->cfg.layers, C = m->cfg.dim, NH = m->cfg.heads, V = GPT_VOCAB, B = m->B, T = m->T;
   const size_t BT = (size_t)B * T;
   const gpt_weights *w = &m->w, *g = &m->g;
@@ -560,6 +562,10 @@ void gpt_backward(gpt_model *m) {
   const real *last = a->res3 + (size_t)(L - 1) * BT * C;
   real *dlast = d->res3 + (size_t)(L - 1) * BT * C;
   layernorm_backward(dlast, g->lnfw, g->lnfb, d->lnf, last, w->lnfw, a->lnf_mean, a->lnf_rstd, (int)BT, C);
+  /* The table: wte, wpe, 12 per block, lnf.w, lnf.b, [head]. The tied
+   * head's gradient is final only after the encoder's. */
+  const int per_block = 12, after_blocks = 2 + per_block * L;
+  if (ready) ready(ctx, after_blocks, m->cfg.tied ? 2 : 3);
 
   for (int l = L - 1; l >= 0; l--) {
     const gpt_block *p = &w->blocks[l], *gp = &g->blocks[l];
@@ -585,6 +591,8 @@ void gpt_backward(gpt_model *m) {
     matmul_backward(dln1, gp->qkvw, gp->qkvb, dqkv, ln1, p->qkvw, (int)BT, C, 3 * C);
     layernorm_backward(dx, gp->ln1w, gp->ln1b, dln1, x, p->ln1w, LAYER(a->ln1_mean, 1), LAYER(a->ln1_rstd, 1),
                        (int)BT, C);
+    if (ready) ready(ctx, 2 + per_block * l, per_block);
   }
   encoder_backward(g->wte, g->wpe, d->encoded, m->inputs, B, T, C);
+  if (ready) ready(ctx, 0, 2);
 }

@@ -115,6 +115,11 @@ void gpt_zero_grad(gpt_model *m);
 
 /* Accumulates d(mean loss)/d(params) of the last forward pass into grads. */
 void gpt_backward(gpt_model *m);
+/* The same, calling ready(ctx, first, count) as soon as the gradients of
+ * tensors [first, first + count) of the table are final, in the order
+ * backward completes them (the last layers first, the embeddings last). */
+typedef void (*gpt_grads_ready_fn)(void *ctx, int first, int count);
+void gpt_backward_hooked(gpt_model *m, gpt_grads_ready_fn ready, void *ctx);
 
 /* 64-bit FNV-1a over the parameter bytes: a cheap identity for parameters
  * (e.g. to compare MPI ranks with in-process ranks). */

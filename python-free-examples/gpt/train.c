@@ -16,6 +16,7 @@
 #endif
 
 #include "checkpoint.h"
+#include "clip.h"
 #include "eval.h"
 #include "util.h"
 
@@ -46,31 +47,6 @@ static float lr_at(const train_config *c, int step) {
   const int span = c->steps - c->warmup;
   const double progress = span > 0 ? (double)(step - c->warmup) / span : 1.0;
   return c->lr * (float)(c->lr_final + (1.0 - c->lr_final) * 0.5 * (1.0 + cos(PI * progress)));
-}
-
-/* Global L2 norm of this rank's gradient, clipped to max_norm (0: no clip).
- * Partial sums over fixed blocks keep the result independent of the thread
- * count (MPI and in-process ranks must agree bit for bit). */
-static float clip_grad(gpt_model *m, float max_norm) {
-  enum { NBLK = 64 };
-  double part[NBLK];
-  const size_t n = m->nparams;
-  real *g = m->grads;
-#pragma omp parallel for schedule(static)
-  for (int b = 0; b < NBLK; b++) {
-    double s = 0;
-    for (size_t i = n * b / NBLK; i < n * (b + 1) / NBLK; i++) s += (double)g[i] * g[i];
-    part[b] = s;
-  }
-  double ss = 0;
-  for (int b = 0; b < NBLK; b++) ss += part[b];
-  const float norm = (float)sqrt(ss);
-  if (max_norm > 0 && norm > max_norm) {
-    const float scale = max_norm / norm;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) g[i] *= scale;
-  }
-  return norm;
 }
 
 /* The per-step optimizer: DiLoCo's inner one, or the only one. */
@@ -357,9 +333,21 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     corpus_sample(x->data, lo, hi, &rng, B, T, inp, tgt);
     const float loss = (float)gpt_forward(&m, inp, tgt, B, T);
     gpt_zero_grad(&m);
-    gpt_backward(&m);
-    const float gnorm = clip_grad(&m, c->clip);
     const float lr = lr_at(c, step);
+    float gnorm;
+    if (c->clip_each) {
+      gpt_clip_each rc = {&m, c->clip, lr, c->overlap_step == DISTRO_OVERLAP_BACKWARD ? opt : NULL, 0, DISTRO_OK, ""};
+      gpt_backward_hooked(&m, gpt_clip_each_ready, &rc);
+      gnorm = (float)sqrt(rc.ss);
+      if (rc.st != DISTRO_OK) {
+        FAIL("step %d: distro_optim_grad_ready: %s: %s", step + 1, distro_status_string(rc.st), rc.err);
+        who = 0;
+        goto done;
+      }
+    } else {
+      gpt_backward(&m);
+      gnorm = gpt_clip_global(&m, c->clip);
+    }
     const int tlogs = tlog && (step + 1) % c->tensor_every == 0;
     if (tlogs) gpt_tensor_log_before(tlog, &m);
     distro_step_stats st;

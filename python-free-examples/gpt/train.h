@@ -20,6 +20,8 @@ typedef struct {
   float lr;          /* peak; warm-up from 0, then cosine down to lr * lr_final */
   float lr_final;
   float clip;        /* global-norm clipping of each rank's local gradient (0: off) */
+  int clip_each;     /* clip each tensor by its own norm, to clip * sqrt(its share of
+                        the parameters), as backward completes it */
   float wd, beta1, beta2;
   uint64_t seed;
   gpt_sampling sampling; /* where each rank draws its windows from */
@@ -29,7 +31,8 @@ typedef struct {
   int topk, chunk;
   float decay;       /* DeMo momentum decay */
   distro_values values;
-  int overlap_step;  /* DeMo: options.overlap (1 look-ahead, 2 stale): exchange in the background */
+  int overlap_step;  /* DeMo: options.overlap (1 look-ahead, 2 stale, 3 gradient-ready):
+                        exchange in the background */
 
   /* DiLoCo (optim == GPT_OPT_DILOCO): `learners` x `ranks_per_learner` ranks,
    * each learner data-parallel inside with `inner`; the topk/chunk/decay/values
