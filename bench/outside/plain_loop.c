@@ -14,14 +14,16 @@
  * same data order, same initial weights. Prints the final loss on a held-out
  * split (the text's last 5%) and the bytes each rank sent per step.
  * --overlap lookahead|stale sets one more field, options.overlap, and calls
- * distro_optim_flush before the evaluation, as the header asks; --values
- * sets options.values.
+ * distro_optim_flush before the evaluation, as the header asks; --overlap
+ * backward marks each tensor's gradient final after backward, the last
+ * layer first (distro_optim_grad_ready), as a trainer does during it;
+ * --values sets options.values.
  * The model is python-free-examples/replace_adamw's, copied on purpose: run.sh
  * compiles this one file as an outside program, and the examples stay
  * standalone (their README quotes their diff).
  *
  *   plain_loop --data FILE --optim adamw|distro-adamw --lr X [--seed N]
- *              [--steps 300] [--ranks 4] [--batch 64] [--overlap off|lookahead|stale]
+ *              [--steps 300] [--ranks 4] [--batch 64] [--overlap off|lookahead|stale|backward]
  *              [--values sign1|int8] */
 #include <math.h>
 #include <stdint.h>
@@ -138,7 +140,8 @@ static distro_status train(distro_comm *comm, int rank, void *arg) {
       bytes += 2.0 * (world - 1) / world * sizeof(float) * NUM_PARAMS; /* a ring all-reduce's share */
     } else {
       distro_step_stats s;
-      st = distro_optim_step(opt, lr, &s);
+      for (int t = NUM_TENSORS - 1; t >= 0 && st == DISTRO_OK; t--) st = distro_optim_grad_ready(opt, names[t], lr);
+      if (st == DISTRO_OK) st = distro_optim_step(opt, lr, &s);
       bytes += (double)s.bytes_sent;
     }
   }
@@ -178,13 +181,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--overlap"))
       r.overlap = !strcmp(v, "off") ? DISTRO_OVERLAP_OFF
                   : !strcmp(v, "lookahead") ? DISTRO_OVERLAP_LOOKAHEAD
-                  : !strcmp(v, "stale") ? DISTRO_OVERLAP_STALE : -1;
+                  : !strcmp(v, "stale") ? DISTRO_OVERLAP_STALE
+                  : !strcmp(v, "backward") ? DISTRO_OVERLAP_BACKWARD : -1;
     else return fprintf(stderr, "plain_loop: unknown option '%s'\n", a), 2;
   }
   if (!path || r.adamw < 0 || !(r.lr > 0) || r.steps < 20 || r.ranks < 1 || r.batch < 1 || r.seed == 0 ||
       r.overlap < 0 || r.values < -1 || (r.adamw && (r.overlap || r.values >= 0)))
     return fprintf(stderr, "usage: plain_loop --data FILE --optim adamw|distro-adamw --lr X [--seed N>0] "
-                           "[--steps N>=20] [--ranks N] [--batch N] [--overlap off|lookahead|stale] [--values sign1|int8] "
+                           "[--steps N>=20] [--ranks N] [--batch N] [--overlap off|lookahead|stale|backward] "
+                           "[--values sign1|int8] "
                            "(the last two: distro-adamw)\n"),
            2;
   FILE *f = fopen(path, "rb");
@@ -201,7 +206,7 @@ int main(int argc, char **argv) {
   r.train_len = r.val_lo;
   const distro_status st = distro_comm_run_local(r.ranks, train, &r);
   if (st != DISTRO_OK) return fprintf(stderr, "plain_loop: %s\n", distro_status_string(st)), 1;
-  static const char *const mode[] = {"", " overlap lookahead", " overlap stale"};
+  static const char *const mode[] = {"", " overlap lookahead", " overlap stale", " overlap backward"};
   printf("%s%s%s lr %g seed %llu: held-out loss %.4f, %.0f bytes sent per step per rank\n",
          r.adamw ? "adamw" : "distro-adamw", mode[r.overlap], r.values == DISTRO_VALUES_SIGN1 ? " values sign1" : "",
          (double)r.lr, (unsigned long long)r.seed, r.val_loss, r.bytes_per_step);

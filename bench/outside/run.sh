@@ -4,8 +4,9 @@
 # run with no environment variable, as an outside trainer would. Picks the
 # baseline's own lr from a sweep (seed 1), then runs both at that lr over the
 # seeds and prints mean +- sd of the held-out loss and bytes per step.
-# --lr X skips the sweep; --overlap adds DisTrO-AdamW with the look-ahead and
-# the stale overlap (options.overlap); --sign1 adds DisTrO-AdamW with 1-bit
+# --lr X skips the sweep; --overlap adds DisTrO-AdamW with the look-ahead,
+# the stale overlap and the gradient-ready exchange (options.overlap, which
+# must end where the blocking step does: no clip here); --sign1 adds DisTrO-AdamW with 1-bit
 # values (options.values = DISTRO_VALUES_SIGN1).
 #
 #   bench/outside/run.sh [--build DIR] [--lrs 0.003,0.01,0.03 | --lr X] [--seeds 1,2,3] [--steps 300] [--overlap] [--sign1]
@@ -17,11 +18,11 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --lrs) lrs=$2; shift 2 ;;
     --lr) lr=$2; shift 2 ;;
-    --overlap) optims="$optims distro-adamw-lookahead distro-adamw-stale"; shift ;;
+    --overlap) optims="$optims distro-adamw-lookahead distro-adamw-stale distro-adamw-backward"; shift ;;
     --sign1) optims="$optims distro-adamw-sign1"; shift ;;
     --seeds) seeds=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "outside: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

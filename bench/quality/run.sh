@@ -207,6 +207,7 @@ for size in "${S[@]}"; do
         case "$opt" in
           diloco) extra="--batch 4" ;;   # 4 learners x batch 4: the baseline's tokens
           *-overlap) gopt=${opt%-overlap} extra="--overlap-step" ;;
+          *-backward) gopt=${opt%-backward} extra="--overlap-backward" ;;
           *-stale) gopt=${opt%-stale} extra="--overlap-stale" ;;
         esac
         case "$gopt" in # X-sign1-overlap: both
