@@ -16,8 +16,9 @@
 # diloco decoupled, distro-overlap when `gpt-train --help` lists
 # $WAN_OVERLAP_ARGS (default --overlap-step: the look-ahead overlap), likewise
 # distro-adamw-overlap, and distro-stale (--overlap-stale) when it lists that.
-# distro-adamw-sign1[-overlap] (DisTrO-AdamW with 1-bit values) run when
-# --modes names them.
+# distro-adamw-sign1[-overlap] (DisTrO-AdamW with 1-bit values) and
+# distro[-adamw]-backward (the gradient-ready exchange, --overlap-backward)
+# run when --modes names them.
 # distro, distro-adamw and the overlap modes also run with no limit
 # (rate "none"): the floor its 10 Mbit/s step is compared with.
 # --sampling passes gpt-train's --sampling (where each rank draws its
@@ -97,6 +98,8 @@ args_of() { # mode -> gpt-train flags
     distro-overlap) echo "--optim distro $overlap_args" ;;
     distro-adamw-overlap) echo "--optim distro-adamw $overlap_args" ;;
     distro-stale) echo "--optim distro --overlap-stale" ;;
+    distro-backward) echo "--optim distro --overlap-backward" ;;
+    distro-adamw-backward) echo "--optim distro-adamw --overlap-backward" ;;
     distro-adamw-sign1) echo "--optim distro-adamw --values sign1" ;;
     distro-adamw-sign1-overlap) echo "--optim distro-adamw --values sign1 $overlap_args" ;;
   esac
@@ -216,7 +219,7 @@ done
 
 runs=()
 for rate in $rates; do for m in $modes; do runs+=("$m:$rate"); done; done
-for m in $modes; do case $m in distro | distro-adamw* | distro-overlap | distro-stale) runs+=("$m:0") ;; esac; done
+for m in $modes; do case $m in distro | distro-adamw* | distro-overlap | distro-stale | distro-backward) runs+=("$m:0") ;; esac; done
 k=0
 start=$(now)
 for r in "${runs[@]}"; do

@@ -72,7 +72,7 @@ END {
   print ""
   print "targets:"
   # 1. The step of each DisTrO mode at 10 Mbit/s vs no limit, mean and over the first 5 steps. The overlap
-  #    modes are what hides the exchange (target <= 1.1x from the first step on); blocking rows for reference.
+  #    modes (look-ahead, gradient-ready) are what hides the exchange (target <= 1.1x from the first step on); blocking rows for reference.
   #    Every mode that also ran unlimited, in the order of the table.
   ns = 0
   for (r = 1; r <= n; r++) if (R[r, 2] == "none" && ((R[r, 1], "10") in key)) sm[++ns] = R[r, 1]
@@ -82,9 +82,9 @@ END {
     w = (R[a, 13] > 0 && R[b, 13] > 0) ? 13 : 5
     m = R[a, w] / R[b, w]; f = R[a, 7] / R[b, 7]
     printf "  %s step at 10 Mbit/s vs no limit%s: %s %.3f / %.3f s = %.2fx, steps 1-5 %.3f / %.3f s = %.2fx%s\n", sm[q],
-           (sm[q] ~ /overlap/ ? " (target <= 1.1x, from the first step on)" : ""), (w == 13 ? "wall per step" : "mean step"),
+           (sm[q] ~ /overlap|backward/ ? " (target <= 1.1x, from the first step on)" : ""), (w == 13 ? "wall per step" : "mean step"),
            R[a, w], R[b, w], m, R[a, 7], R[b, 7], f,
-           (sm[q] ~ /overlap/ ? ((m <= 1.1 && f <= 1.1) ? ": met" : ": MISSED") : "")
+           (sm[q] ~ /overlap|backward/ ? ((m <= 1.1 && f <= 1.1) ? ": met" : ": MISSED") : "")
   }
   # 2. Time to the AdamW loss: best non-AdamW row per rate.
   split("10 100", need, " "); want["10"] = 20; want["100"] = 3
@@ -116,8 +116,8 @@ END {
     if (x < 1.0 || x > 1.15) bad = bad " " R[r, 1] "@" R[r, 2] sprintf("=%.3f", x) }
   printf "  kernel / library bytes (target 1.0-1.15 for every run): %.3f-%.3f: %s\n", lo, hi, (bad == "" ? "met" : "MISSED:" bad)
   # 4. Overlap quality.
-  for (r = 1; r <= n; r++) if (R[r, 1] ~ /-overlap$/ && R[r, 4] != "failed") {
-    base = R[r, 1]; sub(/-overlap$/, "", base)
+  for (r = 1; r <= n; r++) if (R[r, 1] ~ /-(overlap|backward)$/ && R[r, 4] != "failed") {
+    base = R[r, 1]; sub(/-(overlap|backward)$/, "", base)
     if (!((base, R[r, 2]) in key)) continue
     b = key[base, R[r, 2]]; d = R[r, 4] / R[b, 4] - 1
     printf "  %s at %s: final val %s vs %s %s (%+.2f%%, target within 0.5%%): %s\n", R[r, 1], R[r, 2], R[r, 4], base,
