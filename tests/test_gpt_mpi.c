@@ -100,8 +100,9 @@ Test(gpt_mpi, same_parameters_as_in_process_ranks) {
 /* Under MPI a timeout makes the library poll each collective instead of
  * waiting in MPI_Wait: the parameters must not change. */
 Test(gpt_mpi, comm_timeout_same_parameters) {
-  static const char *runs[] = {"--optim adamw --steps 12", "--optim distro-adamw --overlap-step --steps 12"};
-  for (int i = 0; i < 2; i++) {
+  static const char *runs[] = {"--optim adamw --steps 12", "--optim distro-adamw --overlap-step --steps 12",
+                               "--optim distro-adamw --overlap-backward --steps 12"};
+  for (int i = 0; i < 3; i++) {
     char args[512];
     snprintf(args, sizeof args, "%s --comm-timeout 600", runs[i]);
     const unsigned long long local = checksum(0, runs[i]), mpi = checksum(1, args);

@@ -484,10 +484,12 @@ static void expect_error(const char *args, int code, const char *msg) {
 
 /* --comm-timeout changes how a collective waits, never what it computes:
  * the same parameters with and without it, for the all-reduce, the blocking
- * all-gather and the one on the overlapped step's helper thread. */
+ * all-gather and those on the overlapped steps' helper threads (the
+ * look-ahead's, and the gradient-ready exchange's buckets). */
 Test(gpt_train, comm_timeout_same_parameters) {
-  static const char *runs[] = {"--optim adamw", "--optim distro-adamw", "--optim distro-adamw --overlap-step"};
-  for (int i = 0; i < 3; i++) {
+  static const char *runs[] = {"--optim adamw", "--optim distro-adamw", "--optim distro-adamw --overlap-step",
+                               "--optim distro-adamw --overlap-backward"};
+  for (int i = 0; i < 4; i++) {
     char args[512];
     snprintf(args, sizeof args, "%s --steps 8 --eval-every 4 --checksum --quiet", runs[i]);
     char *out = train(args);

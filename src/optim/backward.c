@@ -154,7 +154,9 @@ static void send_bucket(distro_optim *o, int b, float lr, distro_step_stats *s) 
   s->seconds_topk += distro__now() - t0;
   s->seconds_codec += distro__now() - t0;
   bw->size[b] = size;
-  bw->comm->timeout_s = o->comm->timeout_s; /* the caller's current setting */
+  /* The caller's current timeout, set while the helper is idle (before the
+   * step's first bucket), never under a gather in flight. */
+  if (bw->queued == 0) bw->comm->timeout_s = o->comm->timeout_s;
   pthread_mutex_lock(&bw->mu);
   bw->queue[bw->queued++] = b;
   pthread_cond_broadcast(&bw->cv);
