@@ -169,6 +169,9 @@ Test(backward, the_blocking_step_bit_for_bit, .timeout = 180) {
                       modes[mi].label, world, s + 1, (unsigned long long)v->stats[s][r].bytes_sent,
                       (unsigned long long)b->stats[s][r].bytes_sent);
             cr_assert_eq(v->stats[s][r].step, s + 1);
+            /* The compress and encode done in grad_ready count as the step's. */
+            cr_assert(v->stats[s][r].seconds_topk > 0, "%s world %d marks %zu step %d: no selection time reported",
+                      modes[mi].label, world, ki, s + 1);
           }
         release(v);
         free(v);

@@ -50,6 +50,8 @@ struct distro__backward {
   int *left;         /* per bucket: tensors not marked yet */
   int *bucket_of;    /* per tensor: its bucket */
   float lr;          /* the lr the buckets sent this step were compressed with */
+  distro_step_stats early; /* the compress and encode of buckets sent from
+                              grad_ready, reported by the step */
 };
 
 static void *helper(void *arg) {
@@ -121,13 +123,9 @@ int distro__backward_in_flight(const distro_optim *o) {
   return 0;
 }
 
-/* Buckets handed over this step (the caller's count: the helper may not
- * have taken them yet). */
-static int sent(const distro__backward *bw) { return bw->queued; }
-
 distro_status distro__backward_begin(distro_optim *o, float lr) {
   distro__backward *bw = o->bw;
-  if (sent(bw) && lr != bw->lr)
+  if (bw->queued && lr != bw->lr)
     return distro__fail(DISTRO_ERR_INVALID,
                         "distro_optim_step: lr %g differs from the lr %g given to distro_optim_grad_ready this step "
                         "(the buckets already sent were compressed with it); nothing changed",
@@ -179,7 +177,7 @@ distro_status distro_optim_grad_ready(distro_optim *o, const char *name, float l
     return distro__fail(DISTRO_ERR_INVALID, "distro_optim_grad_ready: '%s' was already marked ready this step", name);
   const int b = bw->bucket_of[i];
   if (bw->left[b] == 1) { /* the bucket is complete: it leaves now */
-    if (sent(bw) && lr != bw->lr)
+    if (bw->queued && lr != bw->lr)
       return distro__fail(DISTRO_ERR_INVALID,
                           "distro_optim_grad_ready('%s'): lr %g differs from the lr %g of this step's other buckets",
                           name, (double)lr, (double)bw->lr);
@@ -189,11 +187,9 @@ distro_status distro_optim_grad_ready(distro_optim *o, const char *name, float l
                           "the job",
                           bw->comm->timeout_s);
     bw->lr = lr;
-    distro_step_stats s; /* the step reports its own figures */
-    memset(&s, 0, sizeof s);
     const int caller_threads = omp_get_max_threads();
     if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
-    send_bucket(o, b, lr, &s);
+    send_bucket(o, b, lr, &bw->early);
     if (o->opt.threads > 0) omp_set_num_threads(caller_threads);
   }
   bw->ready[i] = 1;
@@ -228,11 +224,14 @@ distro_status distro__backward_step(distro_optim *o, float lr, distro_step_stats
   distro__backward *bw = o->bw;
   /* What backward did not send leaves now, in bucket order (the same on
    * every rank: the ranks mark their gradients in the same order). */
-  for (int b = 0; b < o->nbuckets; b++) {
-    int queued = 0;
-    for (int q = 0; q < bw->queued; q++) queued |= bw->queue[q] == b;
-    if (!queued) send_bucket(o, b, lr, s);
-  }
+  for (int b = 0; b < o->nbuckets; b++)
+    if (bw->left[b]) send_bucket(o, b, lr, s); /* left 0: sent from grad_ready */
+  /* What the buckets sent from grad_ready cost is this step's too. */
+  s->seconds_transform += bw->early.seconds_transform;
+  s->seconds_topk += bw->early.seconds_topk;
+  s->seconds_codec += bw->early.seconds_codec;
+  s->seconds_decode += bw->early.seconds_decode;
+  memset(&bw->early, 0, sizeof bw->early);
   distro_status st = wait_all(o, s);
   if (st != DISTRO_OK) return st;
   /* Validate and decode every payload before anything is applied (on the

@@ -188,8 +188,8 @@ distro_status distro__backward_init(distro_optim *o); /* local: thread, buffers 
  * and the check that every bucket sent early used this lr. */
 distro_status distro__backward_begin(distro_optim *o, float lr);
 distro_status distro__backward_step(distro_optim *o, float lr, distro_step_stats *s);
-/* Buckets handed over and not yet waited for: a state cannot be saved or
- * loaded then. */
+/* Tensors marked ready for a step not taken yet: a state cannot be loaded
+ * then (a save keeps the state before that step). */
 int distro__backward_in_flight(const distro_optim *o);
 void distro__backward_free(distro_optim *o);
 
