@@ -17,7 +17,7 @@ STATUS = ["OK", "ERR_INVALID", "ERR_NOMEM", "ERR_SHAPE", "ERR_PAYLOAD", "ERR_COM
 ALG_DEMO, ALG_ADAMW = 0, 1
 UPDATE_SIGN, UPDATE_ADAMW = 0, 1
 VALUES = {"f32": 0, "bf16": 1, "sign1": 2, "int8": 3, "int4": 4}
-OVERLAP = {"off": 0, "lookahead": 1, "stale": 2}
+OVERLAP = {"off": 0, "lookahead": 1, "stale": 2, "backward": 3}
 
 
 class Options(ctypes.Structure):
@@ -106,6 +106,7 @@ def load():
         "distro_optim_add_param": (ctypes.c_int, [P, ctypes.c_char_p, P, P, ctypes.c_int,
                                                   ctypes.POINTER(ctypes.c_int64)]),
         "distro_optim_set_grad": (ctypes.c_int, [P, ctypes.c_char_p, P]),
+        "distro_optim_grad_ready": (ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_float]),
         "distro_optim_step": (ctypes.c_int, [P, ctypes.c_float, ctypes.POINTER(StepStats)]),
         "distro_optim_flush": (ctypes.c_int, [P, ctypes.POINTER(StepStats)]),
         "distro_optim_save": (ctypes.c_int, [P, ctypes.c_char_p]),

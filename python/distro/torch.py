@@ -13,8 +13,10 @@ distro.comm communicator; by default torch.distributed's group when it is
 initialized (distro.comm.TorchComm), else a single process.
 """
 import ctypes
+import math
 import os
 import tempfile
+import weakref
 
 import torch
 
@@ -42,8 +44,15 @@ class _Optimizer(torch.optim.Optimizer):
     _algorithm = _lib.ALG_DEMO
     _update = _lib.UPDATE_SIGN
 
-    def __init__(self, params, defaults, comm=None, threads=0, **lib_opts):
+    def __init__(self, params, defaults, comm=None, threads=0, clip_per_tensor=None, **lib_opts):
         self._records = None
+        self._hooks = []
+        overlap = lib_opts.get("overlap", "off")
+        if overlap not in _lib.OVERLAP:
+            raise ValueError("distro: overlap %r: expected one of %s" % (overlap, ", ".join(map(repr, _lib.OVERLAP))))
+        if clip_per_tensor is not None and not (math.isfinite(clip_per_tensor) and clip_per_tensor > 0):
+            raise ValueError("distro: clip_per_tensor %r must be a finite number > 0 (None: no clip)"
+                             % (clip_per_tensor,))
         super().__init__(params, defaults)
         if comm is None:
             d = torch.distributed
@@ -51,6 +60,9 @@ class _Optimizer(torch.optim.Optimizer):
         self.comm = comm
         self._threads = int(threads)
         self._lib_opts = lib_opts
+        self._backward = overlap == "backward" and self._algorithm == _lib.ALG_DEMO
+        self._clip = None if clip_per_tensor is None else float(clip_per_tensor)
+        self._numel = 0
         self.bytes_sent = 0
         self.bytes_received = 0
         self.steps = 0
@@ -67,6 +79,9 @@ class _Optimizer(torch.optim.Optimizer):
             self._register(self.param_groups[-1])
 
     def __del__(self):
+        for _, h in self._hooks:
+            h.remove()
+        self._hooks = []
         for r in self._records or []:
             lib.distro_optim_free(r["h"])
         self._records = []
@@ -93,7 +108,7 @@ class _Optimizer(torch.optim.Optimizer):
         o = self._options(g)
         h = ctypes.c_void_p()
         check(lib.distro_optim_create(ctypes.byref(o), self.comm.handle, ctypes.byref(h)), "distro_optim_create")
-        rec = {"h": h, "names": [], "pptr": [], "gptr": [], "hyper": {k: g[k] for k in _HYPER}}
+        rec = {"h": h, "names": [], "pptr": [], "gptr": [], "marks": [], "hyper": {k: g[k] for k in _HYPER}}
         self._records.append(rec)
         for pi, p in enumerate(g["params"]):
             name = "g%d.p%d" % (gi, pi)
@@ -107,6 +122,56 @@ class _Optimizer(torch.optim.Optimizer):
             rec["names"].append(name.encode())
             rec["pptr"].append(p.data_ptr())
             rec["gptr"].append(None)
+            rec["marks"].append(None)
+            self._numel += p.numel()
+        if self._backward or self._clip is not None:
+            self._hook(gi)
+
+    def _hook(self, gi):
+        """A post-hook on each parameter's gradient accumulator (as
+        DistributedDataParallel does in torch 1.13, which has no
+        post-accumulate-grad hook): it runs once per backward, when the
+        parameter's .grad is final, on the thread running backward."""
+        me = weakref.ref(self)  # the hooks live on the parameters: no cycle through them
+
+        def make(i):
+            def hook(*_):
+                o = me()
+                if o is not None:
+                    o._grad_final(gi, i)
+            return hook
+
+        with torch.enable_grad():
+            for i, p in enumerate(self.param_groups[gi]["params"]):
+                if p.requires_grad:
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    self._hooks.append((acc, acc.register_hook(make(i))))  # keep acc: it holds the hook
+
+    @torch.no_grad()
+    def _grad_final(self, gi, i):
+        g, rec = self.param_groups[gi], self._records[gi]
+        p, name = g["params"][i], rec["names"][i]
+        if self._backward and rec["marks"][i] is not None:
+            raise ValueError("distro: a second backward reached %s before step(): with overlap='backward' each "
+                             "step takes the gradient of one backward (no accumulation over several)" % name.decode())
+        grad = p.grad
+        bad = _tensor_problem(grad, "the gradient of %s" % name.decode())
+        if bad:
+            raise ValueError("distro: " + bad)
+        if self._clip is not None:  # the trainer's --clip-per-tensor: clip * sqrt(this tensor's share)
+            norm = float(torch.linalg.vector_norm(grad, dtype=torch.float64))
+            budget = self._clip * math.sqrt(p.numel() / self._numel)
+            if norm > budget:
+                grad.mul_(budget / norm)
+        if not self._backward:
+            return
+        ptr = grad.data_ptr()
+        if ptr != rec["gptr"][i]:
+            check(lib.distro_optim_set_grad(rec["h"], name, ptr), "distro_optim_set_grad")
+            rec["gptr"][i] = ptr
+        check(lib.distro_optim_grad_ready(rec["h"], name, float(g["lr"])),
+              "distro_optim_grad_ready(%s)" % name.decode())
+        rec["marks"][i] = (grad, grad._version)
 
     def _prepare(self):
         """Every check before any group steps: nothing moves on bad input."""
@@ -132,6 +197,12 @@ class _Optimizer(torch.optim.Optimizer):
                 if p.grad.shape != p.shape:
                     raise ValueError("distro: the gradient of %s has shape %s, the parameter %s"
                                      % (name, tuple(p.grad.shape), tuple(p.shape)))
+                m = rec["marks"][i]
+                if m is not None and (p.grad is not m[0] or p.grad._version != m[1]):
+                    raise ValueError("distro: the gradient of %s changed after backward handed it to the library "
+                                     "(clip_grad_norm_, zero_grad or a new .grad between backward and step?): with "
+                                     "overlap='backward' its exchange starts during backward, so clip with "
+                                     "clip_per_tensor= and leave the gradients alone until step()" % name)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -149,6 +220,7 @@ class _Optimizer(torch.optim.Optimizer):
                     rec["gptr"][i] = ptr
             s = _lib.StepStats()
             check(lib.distro_optim_step(rec["h"], float(g["lr"]), ctypes.byref(s)), "distro_optim_step")
+            rec["marks"] = [None] * len(rec["marks"])
             total.bytes_sent += s.bytes_sent
             total.bytes_received += s.bytes_received
             total.seconds_total += s.seconds_total
@@ -211,7 +283,17 @@ class DisTrOAdamW(_Optimizer):
     """DeMo compression with each rank's AdamW second moment normalizing its
     gradient (the library's DISTRO_UPDATE_ADAMW). Extra keywords: chunk,
     topk, values ('int8', 'int4', 'bf16', 'f32', 'sign1'),
-    compression_decay, overlap ('off', 'lookahead', 'stale'), threads, comm."""
+    compression_decay, overlap ('off', 'lookahead', 'stale', 'backward'),
+    clip_per_tensor, threads, comm.
+
+    overlap='backward': each tensor is handed to the library as backward
+    finishes its gradient, and the exchange of a complete group of tensors
+    starts then, behind the rest of backward; step() gives the blocking
+    step's parameters, bit for bit. One backward per step, and nothing may
+    change a gradient between backward and step(): a global-norm clip
+    (clip_grad_norm_) is refused there; clip_per_tensor=X clips each
+    tensor, as backward completes it, to X * sqrt(its share of the
+    parameters) (any overlap, and AdamW too)."""
 
     _update = _lib.UPDATE_ADAMW
 

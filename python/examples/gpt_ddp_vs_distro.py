@@ -184,8 +184,9 @@ def main():
     ap.add_argument("--lr", type=float, default=1.8e-2, help="peak lr of both optimizers")
     ap.add_argument("--only", choices=("both", "adamw", "distro"), default="both",
                     help="train only one of the two (an lr sweep)")
-    ap.add_argument("--overlap", choices=("off", "lookahead", "stale"), default="off",
-                    help="DisTrO-AdamW's exchange behind the next step's compute")
+    ap.add_argument("--overlap", choices=("off", "lookahead", "stale", "backward"), default="off",
+                    help="DisTrO-AdamW's exchange behind the next step's compute (lookahead, stale) "
+                    "or behind the rest of backward (backward)")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)

@@ -3,7 +3,7 @@
 # install this build tree into a private prefix (cmake --install), make a
 # venv that sees Debian's torch, `pip install` the package into it against
 # that prefix (pkg-config), build the C driver against the same prefix, run
-# test_package.py. Exit 77 (reported as skipped) without PyTorch or venv.
+# test_package.py and test_backward.py. Exit 77 (reported as skipped) without PyTorch or venv.
 #
 #   python/tests/run.sh BUILD_DIR [CC] [CMAKE]
 set -euo pipefail
@@ -34,4 +34,6 @@ rm -rf "$work/src/build" "$work/src"/*.egg-info
 "$cc" -O2 -o "$work/c_driver" "$here/c_driver.c" $(pkg-config --cflags --libs distro) \
   -Wl,-rpath,"$(pkg-config --variable=libdir distro)"
 cd "$work" # import the installed package, not the checkout's
-DISTRO_C_DRIVER=$work/c_driver OMP_NUM_THREADS=1 exec "$work/venv/bin/python" "$here/test_package.py"
+export DISTRO_C_DRIVER=$work/c_driver OMP_NUM_THREADS=1
+"$work/venv/bin/python" "$here/test_package.py"
+exec "$work/venv/bin/python" "$here/test_backward.py"

@@ -115,15 +115,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def spawn_ranks(mode, kind, world=2):
-    """Starts `world` processes of this file in worker mode over env://."""
+def spawn_ranks(mode, kind, world=2, script=__file__):
+    """Starts `world` processes of `script` (this file) in worker mode over env://."""
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         procs = []
         for r in range(world):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
                        WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", mode, kind, str(SEED),
+            procs.append(subprocess.Popen([sys.executable, script, "--worker", mode, kind, str(SEED),
                                            os.path.join(d, "r%d.pt" % r)], env=env))
         for p in procs:
             p.wait(timeout=240)

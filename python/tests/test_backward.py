@@ -1,0 +1,186 @@
+"""overlap='backward' and clip_per_tensor in the Python package (run by
+python/tests/run.sh after test_package.py).
+
+The gradient-ready exchange starts during backward, from hooks on the
+parameters' gradient accumulators; the library promises the blocking
+step's parameters bit for bit. So: the same model and data through
+overlap='off' and overlap='backward' give the same bits, on one process
+and on two gloo ranks; clip_per_tensor gives the bits of the same clip
+done by hand in float64; and what would break the promise (a gradient
+changed between backward and step, two backward passes, another lr) is
+refused with nothing applied."""
+import math
+import sys
+import unittest
+
+import torch
+
+import distro
+import distro.torch as dt
+from test_package import SEED, same_bits, spawn_ranks
+
+VOCAB, DIM, STEPS = 24, 16, 5
+CLASSES = {"distro_adamw": dt.DisTrOAdamW, "demo": dt.DeMo}
+
+
+class Tiny(torch.nn.Module):
+    """A tied embedding (used twice, so its gradient sums two paths), a
+    linear layer and a norm: the hooks must fire once per backward per
+    parameter, after the sum."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(SEED)
+        self.emb = torch.nn.Parameter(torch.randn(VOCAB, DIM, generator=g) * 0.3)
+        self.lin = torch.nn.Linear(DIM, DIM)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randn(DIM, DIM, generator=g) * 0.3)
+            self.lin.bias.copy_(torch.randn(DIM, generator=g) * 0.1)
+        self.norm = torch.nn.LayerNorm(DIM)
+
+    def forward(self, tok):
+        h = self.norm(torch.tanh(self.lin(self.emb[tok])))
+        return h @ self.emb.t()
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(SEED * 7919 + 101 * rank + step)
+    tok = torch.randint(0, VOCAB, (12,), generator=g)
+    return tok, torch.randint(0, VOCAB, (12,), generator=g)
+
+
+def loss_of(m, rank, step):
+    tok, tgt = batch(rank, step)
+    return torch.nn.functional.cross_entropy(m(tok), tgt)
+
+
+def make(kind, m, overlap, clip=None, comm=None):
+    kw = dict(lr=2e-2, weight_decay=0.05, threads=1, chunk=8, topk=4, overlap=overlap, comm=comm)
+    if clip is not None:
+        kw["clip_per_tensor"] = clip
+    return CLASSES[kind](m.parameters(), **kw)
+
+
+def clip_by_hand(m, clip):
+    """The per-tensor clip, written out: each tensor to clip * sqrt(its share
+    of the parameters), by its own float64 norm."""
+    n_all = sum(p.numel() for p in m.parameters())
+    with torch.no_grad():
+        for p in m.parameters():
+            norm = float(torch.linalg.vector_norm(p.grad, dtype=torch.float64))
+            budget = clip * math.sqrt(p.numel() / n_all)
+            if norm > budget:
+                p.grad.mul_(budget / norm)
+
+
+def run_steps(m, opt, steps, rank=0, sched=None, by_hand=None):
+    for s in range(steps):
+        opt.zero_grad()
+        loss_of(m, rank, s).backward()
+        if by_hand is not None:
+            clip_by_hand(m, by_hand)
+        opt.step()
+        if sched is not None:
+            sched.step()
+
+
+def train(kind, overlap, rank=0, clip=None, by_hand=None, comm=None):
+    m = Tiny()
+    opt = make(kind, m, overlap, clip, comm)
+    run_steps(m, opt, STEPS, rank, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - 0.1 * s), by_hand)
+    return [p.detach().clone() for p in m.parameters()]
+
+
+def worker(kind, seed, out):
+    import torch.distributed as dist
+    global SEED
+    SEED = seed  # the parent's: this process drew its own at import
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    res = {"off": train(kind, "off", rank), "backward": train(kind, "backward", rank),
+           "clip_off": train(kind, "off", rank, clip=0.05), "clip_backward": train(kind, "backward", rank, clip=0.05)}
+    torch.save(res, out)
+    dist.destroy_process_group()
+
+
+class Backward(unittest.TestCase):
+    def test_one_rank_gives_the_blocking_bits(self):
+        for kind in CLASSES:
+            off, bw = train(kind, "off"), train(kind, "backward")
+            self.assertTrue(same_bits(off, bw), "%s: overlap='backward' differs from the blocking step (seed %d)"
+                            % (kind, SEED))
+            self.assertFalse(same_bits(off, [p.detach() for p in Tiny().parameters()]), "%s: nothing moved" % kind)
+
+    def test_clip_per_tensor_is_the_clip_by_hand(self):
+        for kind in CLASSES:
+            by_hand = train(kind, "off", by_hand=0.05)
+            self.assertTrue(same_bits(by_hand, train(kind, "off", clip=0.05)), kind)
+            self.assertTrue(same_bits(by_hand, train(kind, "backward", clip=0.05)), kind)
+            self.assertFalse(same_bits(by_hand, train(kind, "off")), "%s: the clip (0.05) never acted" % kind)
+
+    def test_two_gloo_ranks_give_the_blocking_bits(self):
+        for kind in CLASSES:
+            res = spawn_ranks("backward", kind, script=__file__)
+            for r in range(2):
+                self.assertTrue(same_bits(res[r]["off"], res[r]["backward"]), "%s rank %d (seed %d)" % (kind, r, SEED))
+                self.assertTrue(same_bits(res[r]["clip_off"], res[r]["clip_backward"]), "%s rank %d" % (kind, r))
+            self.assertTrue(same_bits(res[0]["backward"], res[1]["backward"]), "%s: ranks differ" % kind)
+            self.assertFalse(same_bits(res[0]["off"], res[0]["clip_off"]), "%s: the clip never acted" % kind)
+
+
+class Refusals(unittest.TestCase):
+    def started(self):
+        """An optimizer past its first step (the library marks nothing
+        before the ranks have agreed on the tensors), with a backward done."""
+        m = Tiny()
+        opt = make("distro_adamw", m, "backward")
+        run_steps(m, opt, 2)
+        opt.zero_grad()
+        loss_of(m, 0, 2).backward()
+        return m, opt, [p.detach().clone() for p in m.parameters()]
+
+    def test_a_gradient_changed_after_backward(self):
+        m, opt, before = self.started()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1e-3)
+        with self.assertRaisesRegex(ValueError, r"changed after backward.*clip_per_tensor"):
+            opt.step()
+        self.assertTrue(same_bits(before, [p.detach() for p in m.parameters()]), "a refused step moved parameters")
+
+    def test_two_backward_passes_before_a_step(self):
+        m, opt, before = self.started()
+        with self.assertRaisesRegex(ValueError, "second backward"):
+            loss_of(m, 0, 3).backward()
+        self.assertTrue(same_bits(before, [p.detach() for p in m.parameters()]))
+
+    def test_another_lr_at_the_step_then_the_right_one(self):
+        """The library itself holds the marks: a step with another lr than
+        the one backward sent with is refused, and the right one goes on to
+        the blocking step's bits."""
+        m, opt, before = self.started()
+        lr = opt.param_groups[0]["lr"]
+        opt.param_groups[0]["lr"] = lr * 0.5
+        with self.assertRaises(distro.DistroError) as cm:
+            opt.step()
+        self.assertIn("distro_optim_grad_ready", str(cm.exception))
+        self.assertTrue(same_bits(before, [p.detach() for p in m.parameters()]))
+        opt.param_groups[0]["lr"] = lr
+        opt.step()
+        ref = Tiny()
+        run_steps(ref, make("distro_adamw", ref, "off"), 3)
+        self.assertTrue(same_bits([p.detach() for p in ref.parameters()], [p.detach() for p in m.parameters()]))
+
+    def test_bad_options(self):
+        with self.assertRaisesRegex(ValueError, "overlap 'backwards'"):
+            make("demo", Tiny(), "backwards")
+        for bad in (0.0, -1.0, float("nan")):
+            with self.assertRaisesRegex(ValueError, "clip_per_tensor"):
+                make("demo", Tiny(), "off", clip=bad)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        sys.exit(0)
+    print("distro %s from %s, torch %s, DISTRO_TEST_SEED=%d" % (distro.__version__, distro.lib.path,
+                                                                 torch.__version__, SEED), flush=True)
+    unittest.main(verbosity=2)
