@@ -90,6 +90,7 @@ END {
   for (k in s) { split(k, f, SUBSEP); print f[3], s[k] / n[k] | ("sort -n > " dir "/" f[1] "-" f[2] ".mean") }
   for (i = 1; i <= ns; i++) { line = sizes[i]; for (j = 1; j <= no[sizes[i]]; j++) line = line " " opts[sizes[i], j]; print line > (dir "/panels") }
 }' "${curves[@]}"
+[ -s "$tmp/panels" ] || { echo "figure: skipped (no run at lr scale 1)"; exit 0; }
 npanels=$(wc -l < "$tmp/panels")
 # One colour per optimizer in every panel.
 colour() {
