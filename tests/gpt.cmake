@@ -14,6 +14,17 @@ if(TARGET test_gpt_gradcheck)
   endif()
 endif()
 
+# The trainer's per-tensor clip (clip.c) against a float64 reference.
+if(TARGET test_gpt_clip)
+  if(GPT_TESTS_ENABLED)
+    target_sources(test_gpt_clip PRIVATE ${PROJECT_SOURCE_DIR}/python-free-examples/gpt/clip.c)
+    target_link_libraries(test_gpt_clip PRIVATE gpt_model)
+  else()
+    set_target_properties(test_gpt_clip PROPERTIES EXCLUDE_FROM_ALL TRUE)
+    set_tests_properties(test_gpt_clip PROPERTIES DISABLED TRUE)
+  endif()
+endif()
+
 # End-to-end runs of the trainer binary.
 if(TARGET test_gpt_train)
   if(GPT_TESTS_ENABLED)

@@ -2,8 +2,10 @@
  *
  * File: "GPTCKPT\0" | u32 version | i32 context, layers, dim, heads, tied |
  * i32 optim, world, topk, chunk, values | i64 step | u64 nparams |
- * f32 params[nparams] | per rank: u64 rng state, u64 n, n bytes of its
- * distro_optim_save file | u64 FNV-1a of everything before.
+ * f32 params[nparams] | per rank: u64 rng state, u64 n, n bytes of
+ * {u32 k, f64 clip shares[k] (version 2; k 0 without --clip-per-tensor),
+ * its distro_optim_save file} | u64 FNV-1a of everything before. Version 1
+ * (no shares) is still read.
  *
  * The optimizer state of each rank is its own (DeMo momenta differ across
  * ranks), so it is gathered to rank 0. distro_optim_save/load only take
@@ -22,7 +24,7 @@
 _Static_assert(sizeof(real) == 4, "checkpoints hold float32 parameters");
 
 #define MAGIC "GPTCKPT"
-#define VERSION 1u
+#define VERSION 2u
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
   const unsigned char *p = data;
@@ -125,7 +127,8 @@ static int agree(distro_comm *comm, int ok, char *err, size_t errlen) {
 }
 
 int checkpoint_save(distro_comm *comm, const char *path, const ckpt_meta *meta, int64_t step, const gpt_model *m,
-                    const distro_optim *opt, uint64_t rng_state, char *err, size_t errlen) {
+                    const distro_optim *opt, const gpt_clip_shares *shares, uint64_t rng_state, char *err,
+                    size_t errlen) {
   const int world = distro_comm_size(comm), rank = distro_comm_rank(comm);
   unsigned char *blob = NULL, *padded = NULL, *all = NULL;
   uint64_t *info = NULL;
@@ -136,10 +139,23 @@ int checkpoint_save(distro_comm *comm, const char *path, const ckpt_meta *meta, 
   char own[4200];
   snprintf(own, sizeof own, "%s.rank%d.opt", path, rank);
   distro_status s = distro_optim_save(opt, own);
+  unsigned char *state = NULL;
+  size_t slen = 0;
+  const uint32_t k = shares ? (uint32_t)shares->n : 0;
+  const size_t head = 4 + 8 * (size_t)k;
   if (s != DISTRO_OK)
     snprintf(err, errlen, "saving the optimizer state: %s: %s", distro_status_string(s), distro_last_error());
-  else if (!(blob = slurp(own, &len)))
+  else if (!(state = slurp(own, &slen)))
     snprintf(err, errlen, "cannot read back '%s'", own);
+  else if (!(blob = malloc(head + slen)))
+    snprintf(err, errlen, "out of memory for the checkpoint");
+  if (blob) { /* the clip's shares, then the optimizer's file */
+    memcpy(blob, &k, 4);
+    if (k) memcpy(blob + 4, shares->share, 8 * (size_t)k);
+    memcpy(blob + head, state, slen);
+    len = head + slen;
+  }
+  free(state);
   unlink(own);
   int who = agree(comm, blob != NULL, err, errlen);
   if (who != -1) goto out;
@@ -186,8 +202,8 @@ static const char *field_name[10] = {"context", "layers", "dim", "heads", "tied"
 
 /* Checks the file and finds this rank's state. 0 or -1 with err. */
 static int parse(const unsigned char *buf, size_t n, const char *path, const ckpt_meta *meta, int rank,
-                 int64_t *step, gpt_model *m, uint64_t *rng, const unsigned char **blob, uint64_t *blen, char *err,
-                 size_t errlen) {
+                 int64_t *step, gpt_model *m, uint64_t *rng, const unsigned char **blob, uint64_t *blen,
+                 uint32_t *version_out, char *err, size_t errlen) {
   cursor c = {buf, n, 0};
   char magic[8];
   uint32_t version = 0;
@@ -203,10 +219,11 @@ static int parse(const unsigned char *buf, size_t n, const char *path, const ckp
     return -1;
   }
   c.n = n - 8;
-  if (get(&c, &version, 4) || version != VERSION) {
-    snprintf(err, errlen, "checkpoint '%s' has version %u, this trainer reads %u", path, version, VERSION);
+  if (get(&c, &version, 4) || version < 1 || version > VERSION) {
+    snprintf(err, errlen, "checkpoint '%s' has version %u, this trainer reads 1 to %u", path, version, VERSION);
     return -1;
   }
+  *version_out = version;
   if (get(&c, got, sizeof got) || get(&c, step, 8) || get(&c, &np, 8)) goto truncated;
   header_fields(meta, want);
   for (int i = 0; i < 10; i++)
@@ -243,18 +260,44 @@ truncated:
   return -1;
 }
 
+/* Version 2: rank's blob starts with its clip shares; takes them (into
+ * shares, when this run clips per tensor) and leaves blob at the optimizer's
+ * file. 0, or -1 with err. */
+static int take_shares(const unsigned char **blob, uint64_t *blen, gpt_clip_shares *shares, const char *path,
+                       int rank, char *err, size_t errlen) {
+  uint32_t k = 0;
+  if (*blen >= 4) memcpy(&k, *blob, 4);
+  if (*blen < 4 || (*blen - 4) / 8 < k) {
+    snprintf(err, errlen, "checkpoint '%s' is truncated or malformed (rank %d's clip shares)", path, rank);
+    return -1;
+  }
+  if (k && shares) {
+    if (k != (uint32_t)shares->n) {
+      snprintf(err, errlen, "checkpoint '%s' holds clip shares of %u tensors; this model has %d", path, k,
+               shares->n);
+      return -1;
+    }
+    memcpy(shares->share, *blob + 4, 8 * (size_t)k);
+  }
+  *blob += 4 + 8 * (size_t)k;
+  *blen -= 4 + 8 * (uint64_t)k;
+  return 0;
+}
+
 int checkpoint_load(distro_comm *comm, const char *path, const ckpt_meta *meta, int64_t *step, gpt_model *m,
-                    distro_optim *opt, uint64_t *rng_state, char *err, size_t errlen) {
+                    distro_optim *opt, gpt_clip_shares *shares, uint64_t *rng_state, char *err, size_t errlen) {
   const int rank = distro_comm_rank(comm);
   size_t n = 0;
   const unsigned char *blob = NULL;
   uint64_t blen = 0;
+  uint32_t version = 0;
   int ok = 0;
   err[0] = 0;
   unsigned char *buf = slurp(path, &n);
   if (!buf) {
     snprintf(err, errlen, "cannot read checkpoint '%s': %s", path, strerror(errno ? errno : EIO));
-  } else if (parse(buf, n, path, meta, rank, step, m, rng_state, &blob, &blen, err, errlen) == 0) {
+  } else if (parse(buf, n, path, meta, rank, step, m, rng_state, &blob, &blen, &version, err, errlen) == 0 &&
+             (version < 2 || take_shares(&blob, &blen, shares, path, rank, err, errlen) == 0)) {
     /* This rank's optimizer state goes back through a file of its own. */
     char own[4200];
     snprintf(own, sizeof own, "%s.rank%d.load", path, rank);

@@ -177,6 +177,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   real *scratch = NULL; /* DiLoCo: the local parameters while the global copy is evaluated */
   FILE *log = NULL;
   gpt_tensor_log *tlog = NULL;
+  gpt_clip_shares shares = {0, NULL, NULL}; /* --clip-per-tensor's budgets */
   uint8_t *inp = malloc((size_t)B * T), *tgt = malloc((size_t)B * T);
   distro_status s = DISTRO_OK;
   /* The optimizer's communicator: the world, or with DiLoCo this rank's learner. */
@@ -272,6 +273,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     log = fopen(c->log_path, c->resume_path ? "a" : "w");
     if (!log) FAIL("cannot open log file '%s'", c->log_path);
   }
+  if (ok && c->clip_each && gpt_clip_shares_init(&shares, &m) != 0) FAIL("out of memory for the clip's shares");
   if (ok && lead && c->tensor_log_path &&
       !(tlog = gpt_tensor_log_open(c->tensor_log_path, c->resume_path != NULL, &m, err, sizeof err)))
     ok = 0;
@@ -290,7 +292,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
                                                  : 0));
   int64_t start = decoupled ? c->start_step : 0;
   if (c->resume_path) {
-    who = checkpoint_load(comm, c->resume_path, &meta, &start, &m, opt, &rng.s, err, sizeof err);
+    who = checkpoint_load(comm, c->resume_path, &meta, &start, &m, opt, c->clip_each ? &shares : NULL, &rng.s, err,
+                          sizeof err);
     if (who != -1) goto done;
     if (start > c->steps) {
       FAIL("checkpoint '%s' is at step %lld, beyond --steps %d", c->resume_path, (long long)start, c->steps);
@@ -336,8 +339,10 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     const float lr = lr_at(c, step);
     float gnorm;
     if (c->clip_each) {
-      gpt_clip_each rc = {&m, c->clip, lr, c->overlap_step == DISTRO_OVERLAP_BACKWARD ? opt : NULL, 0, DISTRO_OK, ""};
+      gpt_clip_each rc = {&m,       c->clip,   lr, c->overlap_step == DISTRO_OVERLAP_BACKWARD ? opt : NULL,
+                          &shares, 0, DISTRO_OK, ""};
       gpt_backward_hooked(&m, gpt_clip_each_ready, &rc);
+      gpt_clip_shares_update(&shares);
       gnorm = (float)sqrt(rc.ss);
       if (rc.st != DISTRO_OK) {
         FAIL("step %d: distro_optim_grad_ready: %s: %s", step + 1, distro_status_string(rc.st), rc.err);
@@ -486,7 +491,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       /* With --overlap-step the optimizer's state keeps the exchange in
        * flight (distro_optim_save), so saving does not change the run. */
       if (log) fflush(log); /* the log holds every step the checkpoint does */
-      who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, rng.s, err, sizeof err);
+      who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, c->clip_each ? &shares : NULL, rng.s, err,
+                            sizeof err);
       if (who != -1) goto done;
       if (lead && !c->quiet) {
         if (c->label) fprintf(x->out, "[%s] ", c->label);
@@ -606,6 +612,7 @@ done:
 #endif
   distro_diloco_free(dl);
   free(scratch);
+  gpt_clip_shares_free(&shares);
   distro_optim_free(opt);
   gpt_free(&m);
   free(inp);

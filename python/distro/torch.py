@@ -62,7 +62,8 @@ class _Optimizer(torch.optim.Optimizer):
         self._lib_opts = lib_opts
         self._backward = overlap == "backward" and self._algorithm == _lib.ALG_DEMO
         self._clip = None if clip_per_tensor is None else float(clip_per_tensor)
-        self._numel = 0
+        self._shares = None  # clip_per_tensor: per (group, index), the usual share of the squared norm
+        self._ss = {}        # this backward's squared norms, before clipping
         self.bytes_sent = 0
         self.bytes_received = 0
         self.steps = 0
@@ -123,7 +124,6 @@ class _Optimizer(torch.optim.Optimizer):
             rec["pptr"].append(p.data_ptr())
             rec["gptr"].append(None)
             rec["marks"].append(None)
-            self._numel += p.numel()
         if self._backward or self._clip is not None:
             self._hook(gi)
 
@@ -158,9 +158,12 @@ class _Optimizer(torch.optim.Optimizer):
         bad = _tensor_problem(grad, "the gradient of %s" % name.decode())
         if bad:
             raise ValueError("distro: " + bad)
-        if self._clip is not None:  # the trainer's --clip-per-tensor: clip * sqrt(this tensor's share)
+        if self._clip is not None:  # the trainer's --clip-per-tensor: clip * sqrt(this tensor's usual share)
+            if self._shares is None:
+                self._shares = self._start_shares()
             norm = float(torch.linalg.vector_norm(grad, dtype=torch.float64))
-            budget = self._clip * math.sqrt(p.numel() / self._numel)
+            self._ss[(gi, i)] = norm * norm
+            budget = self._clip * math.sqrt(self._shares[(gi, i)])
             if norm > budget:
                 grad.mul_(budget / norm)
         if not self._backward:
@@ -172,6 +175,26 @@ class _Optimizer(torch.optim.Optimizer):
         check(lib.distro_optim_grad_ready(rec["h"], name, float(g["lr"])),
               "distro_optim_grad_ready(%s)" % name.decode())
         rec["marks"][i] = (grad, grad._version)
+
+    def _start_shares(self):
+        """Each tensor's share of the parameters: where the usual shares start."""
+        n = {(gi, i): p.numel() for gi, g in enumerate(self.param_groups) for i, p in enumerate(g["params"])}
+        total = sum(n.values())
+        return {k: v / total for k, v in n.items()}
+
+    def _update_shares(self):
+        """After a step: the backward's shares of the squared norm enter the
+        EMA (0.9), in registration order (a backward of zeros leaves it)."""
+        if self._shares is None:
+            return
+        ss = [self._ss.get(k, 0.0) for k in self._shares]
+        tot = 0.0
+        for v in ss:
+            tot += v
+        if tot > 0:
+            for k, v in zip(list(self._shares), ss):
+                self._shares[k] = 0.9 * self._shares[k] + 0.1 * v / tot
+        self._ss = {}
 
     def _prepare(self):
         """Every check before any group steps: nothing moves on bad input."""
@@ -225,6 +248,7 @@ class _Optimizer(torch.optim.Optimizer):
             total.bytes_received += s.bytes_received
             total.seconds_total += s.seconds_total
             total.step = s.step
+        self._update_shares()
         self.bytes_sent += total.bytes_sent
         self.bytes_received += total.bytes_received
         self.steps += 1
@@ -258,7 +282,8 @@ class _Optimizer(torch.optim.Optimizer):
                 check(lib.distro_optim_save(rec["h"], path.encode()), "distro_optim_save")
                 with open(path, "rb") as f:
                     blobs.append(f.read())
-        sd["distro"] = {"format": 1, "groups": blobs, "bytes": [self.bytes_sent, self.bytes_received, self.steps]}
+        sd["distro"] = {"format": 1, "groups": blobs, "bytes": [self.bytes_sent, self.bytes_received, self.steps],
+                        "clip_shares": None if self._shares is None else list(self._shares.values())}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -266,6 +291,15 @@ class _Optimizer(torch.optim.Optimizer):
         if not extra or extra.get("format") != 1 or len(extra.get("groups", ())) != len(self._records):
             raise ValueError("distro: this state_dict has no distro state for %d param groups (was it saved by "
                              "another optimizer?)" % len(self._records))
+        shares = extra.get("clip_shares")
+        if self._clip is not None and shares is not None:
+            start = self._start_shares()
+            if len(shares) != len(start):
+                raise ValueError("distro: this state_dict holds clip shares of %d tensors; this optimizer has %d"
+                                 % (len(shares), len(start)))
+            shares = dict(zip(start, map(float, shares)))
+        else:
+            shares = None
         super().load_state_dict(state_dict)
         with tempfile.TemporaryDirectory(prefix="distro-") as d:
             for i, (rec, blob) in enumerate(zip(self._records, extra["groups"])):
@@ -274,6 +308,8 @@ class _Optimizer(torch.optim.Optimizer):
                     f.write(blob)
                 check(lib.distro_optim_load(rec["h"], path.encode()), "distro_optim_load")
         self.bytes_sent, self.bytes_received, self.steps = extra["bytes"]
+        if shares is not None:
+            self._shares, self._ss = shares, {}
         for g, rec in zip(self.param_groups, self._records):
             for k in _HYPER:  # the C optimizers keep their own; a saved tuple may come back as a list
                 g[k] = rec["hyper"][k]
@@ -292,8 +328,9 @@ class DisTrOAdamW(_Optimizer):
     step's parameters, bit for bit. One backward per step, and nothing may
     change a gradient between backward and step(): a global-norm clip
     (clip_grad_norm_) is refused there; clip_per_tensor=X clips each
-    tensor, as backward completes it, to X * sqrt(its share of the
-    parameters) (any overlap, and AdamW too)."""
+    tensor, as backward completes it, to X * sqrt(its usual share of the
+    squared gradient norm: an EMA over the steps, from its share of the
+    parameters; state_dict keeps it) (any overlap, and AdamW too)."""
 
     _update = _lib.UPDATE_ADAMW
 

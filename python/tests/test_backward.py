@@ -61,16 +61,29 @@ def make(kind, m, overlap, clip=None, comm=None):
     return CLASSES[kind](m.parameters(), **kw)
 
 
-def clip_by_hand(m, clip):
-    """The per-tensor clip, written out: each tensor to clip * sqrt(its share
-    of the parameters), by its own float64 norm."""
-    n_all = sum(p.numel() for p in m.parameters())
-    with torch.no_grad():
-        for p in m.parameters():
-            norm = float(torch.linalg.vector_norm(p.grad, dtype=torch.float64))
-            budget = clip * math.sqrt(p.numel() / n_all)
-            if norm > budget:
-                p.grad.mul_(budget / norm)
+class ClipByHand:
+    """The per-tensor clip, written out: each tensor to clip * sqrt(its usual
+    share of the squared norm), by its own float64 norm; the shares start at
+    the tensors' shares of the parameters and move as an EMA (0.9)."""
+
+    def __init__(self, m, clip):
+        n_all = sum(p.numel() for p in m.parameters())
+        self.clip, self.share = clip, [p.numel() / n_all for p in m.parameters()]
+
+    def __call__(self, m):
+        ss = []
+        with torch.no_grad():
+            for k, p in enumerate(m.parameters()):
+                norm = float(torch.linalg.vector_norm(p.grad, dtype=torch.float64))
+                ss.append(norm * norm)
+                budget = self.clip * math.sqrt(self.share[k])
+                if norm > budget:
+                    p.grad.mul_(budget / norm)
+        tot = 0.0
+        for v in ss:
+            tot += v
+        if tot > 0:
+            self.share = [0.9 * a + 0.1 * v / tot for a, v in zip(self.share, ss)]
 
 
 def run_steps(m, opt, steps, rank=0, sched=None, by_hand=None):
@@ -78,7 +91,7 @@ def run_steps(m, opt, steps, rank=0, sched=None, by_hand=None):
         opt.zero_grad()
         loss_of(m, rank, s).backward()
         if by_hand is not None:
-            clip_by_hand(m, by_hand)
+            by_hand(m)
         opt.step()
         if sched is not None:
             sched.step()
@@ -87,6 +100,7 @@ def run_steps(m, opt, steps, rank=0, sched=None, by_hand=None):
 def train(kind, overlap, rank=0, clip=None, by_hand=None, comm=None):
     m = Tiny()
     opt = make(kind, m, overlap, clip, comm)
+    by_hand = None if by_hand is None else ClipByHand(m, by_hand)
     run_steps(m, opt, STEPS, rank, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - 0.1 * s), by_hand)
     return [p.detach().clone() for p in m.parameters()]
 
@@ -117,6 +131,31 @@ class Backward(unittest.TestCase):
             self.assertTrue(same_bits(by_hand, train(kind, "off", clip=0.05)), kind)
             self.assertTrue(same_bits(by_hand, train(kind, "backward", clip=0.05)), kind)
             self.assertFalse(same_bits(by_hand, train(kind, "off")), "%s: the clip (0.05) never acted" % kind)
+
+    def test_clip_shares_travel_in_the_state_dict(self):
+        """3 steps, state_dict into a fresh optimizer, 2 more: the bits of 5
+        in a row; without the shares the clip would act otherwise."""
+        whole = Tiny()
+        run_steps(whole, make("distro_adamw", whole, "backward", clip=0.05), STEPS)
+        m = Tiny()
+        opt = make("distro_adamw", m, "backward", clip=0.05)
+        run_steps(m, opt, 3)
+        sd = opt.state_dict()
+        self.assertEqual(len(sd["distro"]["clip_shares"]), len(list(m.parameters())))
+        for drop in (False, True):
+            m2 = Tiny()
+            with torch.no_grad():
+                for a, b in zip(m2.parameters(), m.parameters()):
+                    a.copy_(b)
+            o2 = make("distro_adamw", m2, "backward", clip=0.05)
+            d = dict(sd, distro=dict(sd["distro"], clip_shares=None if drop else sd["distro"]["clip_shares"]))
+            o2.load_state_dict(d)
+            for s in range(3, STEPS):
+                o2.zero_grad()
+                loss_of(m2, 0, s).backward()
+                o2.step()
+            self.assertEqual(same_bits([p.detach() for p in whole.parameters()], [p.detach() for p in m2.parameters()]),
+                             not drop, "shares %s" % ("dropped" if drop else "kept"))
 
     def test_two_gloo_ranks_give_the_blocking_bits(self):
         for kind in CLASSES:
