@@ -686,6 +686,27 @@ Test(gpt_errors, bad_checkpoints) {
   expect_error(args, 1, "is corrupt (checksum mismatch)");
   snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --steps 8 --resume '%s/none.bin'", corpus, dir);
   expect_error(args, 1, "cannot read checkpoint");
+  /* A forged file (its checksum made right) whose clip share is out of range. */
+  snprintf(args, sizeof args, "--optim distro --clip-per-tensor --steps 4 --save '%s'", ck);
+  free(train(args));
+  f = fopen(ck, "r+b");
+  cr_assert(f);
+  uint64_t np = 0, h = 0xcbf29ce484222325ULL;
+  fseek(f, 60, SEEK_SET);
+  cr_assert_eq(fread(&np, 8, 1, f), 1);
+  const double bad = -0.5;
+  fseek(f, (long)(88 + 4 * np), SEEK_SET); /* rank 0: rng, length, then the count and the shares */
+  fwrite(&bad, 8, 1, f);
+  fseek(f, 0, SEEK_END);
+  const long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  for (long i = 0; i < size - 8; i++) h = (h ^ (uint64_t)fgetc(f)) * 0x100000001b3ULL;
+  fseek(f, size - 8, SEEK_SET); /* from reading to writing */
+  fwrite(&h, 8, 1, f);
+  fclose(f);
+  snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --clip-per-tensor --steps 8 --resume '%s'", corpus,
+           ck);
+  expect_error(args, 1, "clip share of tensor 0 is -0.5, not in [0, 1]");
 }
 
 /* ---- --compare ------------------------------------------------------------ */

@@ -277,6 +277,15 @@ static int take_shares(const unsigned char **blob, uint64_t *blen, gpt_clip_shar
                shares->n);
       return -1;
     }
+    for (uint32_t t = 0; t < k; t++) { /* a forged file may carry any bits */
+      double f;
+      memcpy(&f, *blob + 4 + 8 * (size_t)t, 8);
+      if (!(f >= 0 && f <= 1)) {
+        snprintf(err, errlen, "checkpoint '%s': rank %d's clip share of tensor %u is %g, not in [0, 1]", path, rank,
+                 t, f);
+        return -1;
+      }
+    }
     memcpy(shares->share, *blob + 4, 8 * (size_t)k);
   }
   *blob += 4 + 8 * (size_t)k;

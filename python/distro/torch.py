@@ -298,6 +298,9 @@ class _Optimizer(torch.optim.Optimizer):
                 raise ValueError("distro: this state_dict holds clip shares of %d tensors; this optimizer has %d"
                                  % (len(shares), len(start)))
             shares = dict(zip(start, map(float, shares)))
+            bad = [v for v in shares.values() if not 0.0 <= v <= 1.0]
+            if bad:
+                raise ValueError("distro: this state_dict holds a clip share of %r, not in [0, 1]" % bad[0])
         else:
             shares = None
         super().load_state_dict(state_dict)

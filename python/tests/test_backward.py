@@ -142,6 +142,9 @@ class Backward(unittest.TestCase):
         run_steps(m, opt, 3)
         sd = opt.state_dict()
         self.assertEqual(len(sd["distro"]["clip_shares"]), len(list(m.parameters())))
+        forged = dict(sd, distro=dict(sd["distro"], clip_shares=[float("nan")] + sd["distro"]["clip_shares"][1:]))
+        with self.assertRaisesRegex(ValueError, r"clip share of nan, not in \[0, 1\]"):
+            make("distro_adamw", Tiny(), "backward", clip=0.05).load_state_dict(forged)
         for drop in (False, True):
             m2 = Tiny()
             with torch.no_grad():
