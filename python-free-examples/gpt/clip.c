@@ -47,11 +47,12 @@ int gpt_clip_shares_init(gpt_clip_shares *s, const gpt_model *m) {
   return 0;
 }
 
-void gpt_clip_shares_update(gpt_clip_shares *s) {
+double gpt_clip_shares_update(gpt_clip_shares *s) {
   double tot = 0;
   for (int t = 0; t < s->n; t++) tot += s->ss[t];
   if (tot > 0)
     for (int t = 0; t < s->n; t++) s->share[t] = 0.9 * s->share[t] + 0.1 * s->ss[t] / tot;
+  return tot;
 }
 
 void gpt_clip_shares_free(gpt_clip_shares *s) {
@@ -77,7 +78,6 @@ void gpt_clip_each_ready(void *arg, int first, int count) {
     real *g = m->grads + ts->offset;
     const size_t n = ts->numel;
     const double ss = sum_squares(g, n, 16);
-    r->ss += ss;
     r->shares->ss[t] = ss;
     const double budget = r->max_norm * sqrt(r->shares->share[t]), norm = sqrt(ss);
     if (r->max_norm > 0 && norm > budget) {

@@ -23,8 +23,8 @@ typedef struct {
 /* 0, or -1 when out of memory. */
 int gpt_clip_shares_init(gpt_clip_shares *s, const gpt_model *m);
 /* After backward: this step's shares enter the EMA (a step whose gradient
- * is all zeros leaves it). */
-void gpt_clip_shares_update(gpt_clip_shares *s);
+ * is all zeros leaves it). Returns the step's squared norm before clipping. */
+double gpt_clip_shares_update(gpt_clip_shares *s);
 void gpt_clip_shares_free(gpt_clip_shares *s);
 
 /* gpt_backward_hooked's hook for --clip-per-tensor: each tensor is clipped
@@ -35,7 +35,6 @@ typedef struct {
   float max_norm, lr;
   distro_optim *opt;       /* NULL: clip only */
   gpt_clip_shares *shares; /* read for the budgets; this step's ss recorded */
-  double ss;               /* sum of the tensors' squared norms before clipping */
   distro_status st;        /* the first failure of distro_optim_grad_ready */
   char err[512];
 } gpt_clip_each;

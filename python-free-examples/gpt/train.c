@@ -339,11 +339,10 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     const float lr = lr_at(c, step);
     float gnorm;
     if (c->clip_each) {
-      gpt_clip_each rc = {&m,       c->clip,   lr, c->overlap_step == DISTRO_OVERLAP_BACKWARD ? opt : NULL,
-                          &shares, 0, DISTRO_OK, ""};
+      gpt_clip_each rc = {&m, c->clip, lr, c->overlap_step == DISTRO_OVERLAP_BACKWARD ? opt : NULL, &shares,
+                          DISTRO_OK, ""};
       gpt_backward_hooked(&m, gpt_clip_each_ready, &rc);
-      gpt_clip_shares_update(&shares);
-      gnorm = (float)sqrt(rc.ss);
+      gnorm = (float)sqrt(gpt_clip_shares_update(&shares));
       if (rc.st != DISTRO_OK) {
         FAIL("step %d: distro_optim_grad_ready: %s: %s", step + 1, distro_status_string(rc.st), rc.err);
         who = 0;

@@ -188,9 +188,7 @@ class _Optimizer(torch.optim.Optimizer):
         if self._shares is None:
             return
         ss = [self._ss.get(k, 0.0) for k in self._shares]
-        tot = 0.0
-        for v in ss:
-            tot += v
+        tot = sum(ss)
         if tot > 0:
             for k, v in zip(list(self._shares), ss):
                 self._shares[k] = 0.9 * self._shares[k] + 0.1 * v / tot

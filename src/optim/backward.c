@@ -142,15 +142,10 @@ distro_status distro__backward_begin(distro_optim *o, float lr) {
  * so every rank fails the step at its decode. */
 static void send_bucket(distro_optim *o, int b, float lr, distro_step_stats *s) {
   distro__backward *bw = o->bw;
-  const distro__bucket *k = &o->buckets[b];
-  const int bad = distro__demo_compress_tensors(o, lr, k->first, k->count, s);
-  const double t0 = distro__now();
-  size_t size = distro__payload_encode_bucket(o, b, bad);
+  size_t size = distro__demo_compress_bucket(o, b, lr, s);
   if (size == 0)
     size = o->fmt->encode_abort(o, b, (uint32_t)o->comm->rank, distro__payload_stamp(o, o->step, b),
-                                DISTRO_ERR_PAYLOAD, (uint32_t)k->first);
-  s->seconds_topk += distro__now() - t0;
-  s->seconds_codec += distro__now() - t0;
+                                DISTRO_ERR_PAYLOAD, (uint32_t)o->buckets[b].first);
   bw->size[b] = size;
   /* The caller's current timeout, set while the helper is idle (before the
    * step's first bucket), never under a gather in flight. */

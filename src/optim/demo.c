@@ -335,7 +335,9 @@ static int step_threads(const distro_optim *o) {
   return o->nws < omp_get_max_threads() ? o->nws : omp_get_max_threads();
 }
 
-int distro__demo_compress_tensors(distro_optim *o, float lr, int first, int count, distro_step_stats *s) {
+/* The compress of tensors [first, first + count) alone, unencoded: returns
+ * the first whose state is not finite, or -1. */
+static int compress_tensors(distro_optim *o, float lr, int first, int count, distro_step_stats *s) {
   const int sign_update = o->opt.update == DISTRO_UPDATE_SIGN, nt = step_threads(o);
   const int64_t g0 = o->tile_base[first], g1 = o->tile_base[first + count];
   /* The sign variant folds lr into the momentum (the reference's choice);
@@ -371,12 +373,18 @@ int distro__demo_compress_tensors(distro_optim *o, float lr, int first, int coun
   return bad;
 }
 
-size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
-  const int bad = distro__demo_compress_tensors(o, lr, 0, o->nparams, s);
+size_t distro__demo_compress_bucket(distro_optim *o, int b, float lr, distro_step_stats *s) {
+  const distro__bucket *k = &o->buckets[b];
+  const int bad = compress_tensors(o, lr, k->first, k->count, s);
   const double t0 = distro__now();
-  const size_t size = distro__payload_encode(o, bad);
+  const size_t size = distro__payload_encode_bucket(o, b, bad);
   s->seconds_topk += distro__now() - t0;
   s->seconds_codec += distro__now() - t0;
+  return size;
+}
+
+size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s) {
+  const size_t size = distro__demo_compress_bucket(o, 0, lr, s); /* one bucket: every tensor */
   if (size == 0) distro__fail(DISTRO_ERR_PAYLOAD, "internal error: the payload did not fit its bound");
   return size;
 }

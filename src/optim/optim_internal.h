@@ -32,9 +32,9 @@ distro_status distro__demo_step(distro_optim *o, float lr, distro_step_stats *s)
  * after distro__payload_exchange succeeded, commit the staged momentum and
  * apply the aggregate (cannot fail). */
 size_t distro__demo_compress(distro_optim *o, float lr, distro_step_stats *s);
-/* The compress of tensors [first, first + count) alone, unencoded: returns
- * the first whose state is not finite, or -1. */
-int distro__demo_compress_tensors(distro_optim *o, float lr, int first, int count, distro_step_stats *s);
+/* Bucket b's tensors compressed and encoded into its payload; 0 when the
+ * encode did not fit (a bug). distro__demo_compress: bucket 0 of one. */
+size_t distro__demo_compress_bucket(distro_optim *o, int b, float lr, distro_step_stats *s);
 /* The staged state (momentum; with overlap DisTrO-AdamW's moments) becomes
  * current and the decoded aggregate's spread is taken (o->spread): the
  * step's exchange succeeded. */
