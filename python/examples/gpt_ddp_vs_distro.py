@@ -89,7 +89,10 @@ def train(method, a, seed, data, val, vocab, rank, world, log):
     else:
         import distro.torch as dt
         net = model
-        opt = dt.DisTrOAdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1, overlap=a.overlap)
+        # overlap='backward' sends during backward, before a global norm exists: it clips each tensor instead.
+        each = a.clip if a.clip > 0 and a.overlap == "backward" else None
+        opt = dt.DisTrOAdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1, overlap=a.overlap,
+                             clip_per_tensor=each)
     warm = max(1, a.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, a.steps) / a.steps))))
@@ -102,6 +105,8 @@ def train(method, a, seed, data, val, vocab, rank, world, log):
         loss = F.cross_entropy(net(x).view(-1, vocab), y.view(-1))
         opt.zero_grad()
         loss.backward()
+        if a.clip > 0 and not (method != "AdamW+DDP" and a.overlap == "backward"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         before = 0 if method == "AdamW+DDP" else opt.bytes_sent
         opt.step()
         sched.step()
@@ -170,6 +175,8 @@ def worker(a):
             for s, m, vl, bps, agree in rows:
                 if m != "AdamW+DDP" and a.overlap != "off":
                     m += f" ({a.overlap})"
+                if a.clip > 0:
+                    m += f" clip {a.clip:g}" + (" per tensor" if m.endswith("(backward)") else "")
                 f.write(f"{s}\t{m}\t{a.steps}\t{a.lr}\t{a.dim}\t{a.layers}\t{vl:.5f}\t{bps:.0f}\t{int(agree)}\n")
     dist.destroy_process_group()
 
@@ -187,6 +194,9 @@ def main():
     ap.add_argument("--overlap", choices=("off", "lookahead", "stale", "backward"), default="off",
                     help="DisTrO-AdamW's exchange behind the next step's compute (lookahead, stale) "
                     "or behind the rest of backward (backward)")
+    ap.add_argument("--clip", type=float, default=0.0,
+                    help="clip each rank's gradient to this global L2 norm (0: off); with --overlap backward "
+                    "DisTrO-AdamW clips each tensor (clip_per_tensor) instead")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
