@@ -17,8 +17,10 @@
 # $WAN_OVERLAP_ARGS (default --overlap-step: the look-ahead overlap), likewise
 # distro-adamw-overlap, and distro-stale (--overlap-stale) when it lists that.
 # distro-adamw-sign1[-overlap] (DisTrO-AdamW with 1-bit values) and
-# distro[-adamw]-backward (the gradient-ready exchange, --overlap-backward)
-# run when --modes names them.
+# distro[-adamw]-backward and distro-adamw-sign1-backward (the gradient-ready
+# exchange, --overlap-backward) run when --modes names them. MODE@N (say
+# distro-adamw-backward@600) trains N steps instead of --steps, the same
+# schedule over N steps: time to AdamW's loss with more, cheaper steps.
 # distro, distro-adamw and the overlap modes also run with no limit
 # (rate "none"): the floor its 10 Mbit/s step is compared with.
 # --sampling passes gpt-train's --sampling (where each rank draws its
@@ -76,6 +78,15 @@ if [ -z "$modes" ]; then
   case $help in *"${overlap_args%% *}"*) modes="$modes distro-overlap distro-adamw-overlap" ;; esac
   case $help in *--overlap-stale*) modes="$modes distro-stale" ;; esac
 fi
+for m in $modes; do
+  case ${m%@*} in
+    adamw | distro | distro-adamw | diloco | decoupled | distro-overlap | distro-adamw-overlap | distro-stale | \
+      distro-backward | distro-adamw-backward | distro-adamw-sign1 | distro-adamw-sign1-overlap | distro-adamw-sign1-backward) ;;
+    *) echo "wan-bench: unknown mode '${m%@*}' (see --help)" >&2; exit 2 ;;
+  esac
+  case $m in *@*) case ${m#*@} in '' | *[!0-9]* | 0*) echo "wan-bench: '$m': steps after @ must be a positive integer" >&2; exit 2 ;; esac ;; esac
+  case $m in decoupled@*) echo "wan-bench: '$m': @N is for the MPI modes" >&2; exit 2 ;; esac
+done
 # Decoupled DiLoCo: the launcher's tuned syncer (python-free-examples/decoupled),
 # with timeouts long enough for a 400 ms queue on a 10 Mbit/s link.
 sync_args="--fragments 4 --quorum 2 --H 24 --overlap 2 --codec int4 --merge tokens --outer-lr 1 \
@@ -102,6 +113,7 @@ args_of() { # mode -> gpt-train flags
     distro-adamw-backward) echo "--optim distro-adamw --overlap-backward" ;;
     distro-adamw-sign1) echo "--optim distro-adamw --values sign1" ;;
     distro-adamw-sign1-overlap) echo "--optim distro-adamw --values sign1 $overlap_args" ;;
+    distro-adamw-sign1-backward) echo "--optim distro-adamw --values sign1 --overlap-backward" ;;
   esac
 }
 rate_name() { [ "$1" = 0 ] && echo none || echo "$1"; }
@@ -143,14 +155,15 @@ failed() { # mode rate name rc
 # The trainer's progress and final lines, live.
 progress() { grep --line-buffered -E '^step|final val' | sed -u "s/^/    /" || true; }
 
-run_mpi() { # mode rate
-  local mode=$1 rate=$2 name k0 t0 l0 rc=0
+run_mpi() { # mode[@steps] rate
+  local mode=$1 rate=$2 name k0 t0 l0 rc=0 more=""
   name=$mode-$(rate_name "$rate")
+  [ "${mode%@*}" = "$mode" ] || more="--steps ${mode#*@}" # after $common's: the last --steps counts
   wan_rate "$rate"
   l0=$(load) k0=$(wan_tx_sum 0 $((ranks - 1))) t0=$(now)
   # shellcheck disable=SC2046
   { local r=0
-    wan_mpirun $ranks "$gpt" --mpi $common --print-every $print_every --log "$out/$name.csv" $(args_of "$mode") 2>&1 || r=$?
+    wan_mpirun $ranks "$gpt" --mpi $common --print-every $print_every --log "$out/$name.csv" $(args_of "${mode%@*}") $more 2>&1 || r=$?
     echo $r > "$out/$name.rc"; } | tee "$out/$name.out" | progress
   rc=$(cat "$out/$name.rc")
   local wall kernel
@@ -219,7 +232,7 @@ done
 
 runs=()
 for rate in $rates; do for m in $modes; do runs+=("$m:$rate"); done; done
-for m in $modes; do case $m in distro | distro-adamw* | distro-overlap | distro-stale | distro-backward) runs+=("$m:0") ;; esac; done
+for m in $modes; do case ${m%@*} in distro | distro-adamw* | distro-overlap | distro-stale | distro-backward) runs+=("$m:0") ;; esac; done
 k=0
 start=$(now)
 for r in "${runs[@]}"; do
