@@ -2,6 +2,7 @@
 #ifndef DISTRO_COMM_INTERNAL_H
 #define DISTRO_COMM_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <distro/comm.h>
 
@@ -33,6 +34,9 @@ struct distro_comm {
                        can (custom: no set_timeout callback) */
   int poll;         /* MPI: wait by polling with short sleeps, never spinning in
                        MPI_Wait (a helper thread beside the caller's compute) */
+  atomic_int hurry; /* set by the thread that owns a polled comm while it waits
+                       for the helper's collectives: no compute of its own runs
+                       then, so the polls nap briefly (see distro__comm_hurry) */
   int gatherv_pads; /* allgatherv moves `slot` bytes per rank whatever `bytes`
                        is, after an all-gather of the 8-byte sizes (NCCL): the
                        step statistics count what crosses */
@@ -41,5 +45,10 @@ struct distro_comm {
 /* c->ops->dup with the checks every caller needs; the new comm inherits
  * c's timeout. DISTRO_ERR_UNSUPPORTED where the backend has no dup. */
 distro_status distro__comm_dup(distro_comm *c, distro_comm **out);
+
+/* Around a wait for collectives that a helper thread runs on c. */
+static inline void distro__comm_hurry(distro_comm *c, int on) {
+  atomic_store_explicit(&c->hurry, on, memory_order_relaxed);
+}
 
 #endif

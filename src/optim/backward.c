@@ -196,8 +196,10 @@ distro_status distro_optim_grad_ready(distro_optim *o, const char *name, float l
 static distro_status wait_all(distro_optim *o, distro_step_stats *s) {
   distro__backward *bw = o->bw;
   const double t0 = distro__now();
+  distro__comm_hurry(bw->comm, 1);
   pthread_mutex_lock(&bw->mu);
   while (bw->done < bw->queued) pthread_cond_wait(&bw->cv, &bw->mu); /* bounded by the comm's timeout, if set */
+  distro__comm_hurry(bw->comm, 0);
   const distro_status st = bw->st;
   s->bytes_sent = bw->bs.bytes_sent;
   s->bytes_received = bw->bs.bytes_received;

@@ -164,8 +164,10 @@ void distro__overlap_restore(distro_optim *o, const uint8_t *payload, size_t siz
 static distro_status wait_exchange(distro_optim *o, distro_step_stats *s, int drop_provisional) {
   distro__overlap *ov = o->ov;
   const double t0 = distro__now();
+  distro__comm_hurry(ov->comm, 1);
   pthread_mutex_lock(&ov->mu);
   while (!ov->done) pthread_cond_wait(&ov->cv, &ov->mu); /* bounded by the comm's timeout, if set */
+  distro__comm_hurry(ov->comm, 0);
   ov->done = 0;
   const distro_status st = ov->st;
   const distro_step_stats bs = ov->bs;
