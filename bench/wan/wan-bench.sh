@@ -3,7 +3,7 @@
 #
 #   bench/wan/wan-bench.sh [--reduced | --full] [--rates "1000 100 10"] [--modes "..."]
 #                          [--ranks 4] [--sampling global|shard] [--out DIR] [--steps N]
-#                          [--resume] [BUILD_DIR]
+#                          [--args "GPT-TRAIN FLAGS"] [--resume] [BUILD_DIR]
 #
 # N MPI ranks of gpt-train (--ranks, default 4, at most 16; or a distro-syncer
 # and N decoupled learners), one
@@ -24,7 +24,8 @@
 # distro, distro-adamw and the overlap modes also run with no limit
 # (rate "none"): the floor its 10 Mbit/s step is compared with.
 # --sampling passes gpt-train's --sampling (where each rank draws its
-# windows; default global, the trainer's).
+# windows; default global, the trainer's). --args appends flags to every
+# DisTrO mode's gpt-train command (say "--topk 16"; kept in DIR/meta).
 # --resume keeps DIR's results and runs only the rows missing from them.
 # WAN_TIMEOUT (seconds, default 3600) bounds each run; one past it is
 # stopped and its row marked failed.
@@ -35,7 +36,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/wan-net.sh"
 
-preset=reduced rates="1000 100 10" modes="" out="" steps="" build="" resume=0 ranks=4 sampling=""
+preset=reduced rates="1000 100 10" modes="" out="" steps="" build="" resume=0 ranks=4 sampling="" extra=""
 while [ $# -gt 0 ]; do
   case $1 in
     --reduced | --full) preset=${1#--} ;;
@@ -44,6 +45,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --ranks) ranks=$2; shift ;;
     --sampling) sampling=$2; shift ;;
+    --args) extra=$2; shift ;;
     --steps) steps=$2; shift ;;
     --resume) resume=1 ;;
     -h | --help) sed -n '2,/^set -e/{/^set -e/d;p}' "$0"; exit 0 ;;
@@ -95,7 +97,7 @@ out=${out:-$build/wan-$preset$([ "$ranks" = 4 ] || echo "-r$ranks")}
 mkdir -p "$out"
 [ $resume = 1 ] || rm -f "$out"/*.csv "$out"/*.out* "$out"/*.log "$out"/*.dat "$out"/*.rc "$out"/*.ep "$out"/results.tsv
 touch "$out/results.tsv"
-printf 'ranks=%s\nsampling=%s\n' "$ranks" "${sampling:-global}" > "$out/meta"
+printf 'ranks=%s\nsampling=%s\nargs=%s\n' "$ranks" "${sampling:-global}" "$extra" > "$out/meta"
 
 wan_check
 wan_build_probe "$build"
@@ -159,6 +161,7 @@ run_mpi() { # mode[@steps] rate
   local mode=$1 rate=$2 name k0 t0 l0 rc=0 more=""
   name=$mode-$(rate_name "$rate")
   [ "${mode%@*}" = "$mode" ] || more="--steps ${mode#*@}" # after $common's: the last --steps counts
+  case $mode in distro*) more="$more $extra" ;; esac
   wan_rate "$rate"
   l0=$(load) k0=$(wan_tx_sum 0 $((ranks - 1))) t0=$(now)
   # shellcheck disable=SC2046
