@@ -80,12 +80,23 @@ if [ -z "$modes" ]; then
   case $help in *"${overlap_args%% *}"*) modes="$modes distro-overlap distro-adamw-overlap" ;; esac
   case $help in *--overlap-stale*) modes="$modes distro-stale" ;; esac
 fi
-for m in $modes; do
-  case ${m%@*} in
-    adamw | distro | distro-adamw | diloco | decoupled | distro-overlap | distro-adamw-overlap | distro-stale | \
-      distro-backward | distro-adamw-backward | distro-adamw-sign1 | distro-adamw-sign1-overlap | distro-adamw-sign1-backward) ;;
-    *) echo "wan-bench: unknown mode '${m%@*}' (see --help)" >&2; exit 2 ;;
+args_of() { # mode -> gpt-train flags (nothing: not an MPI mode)
+  case $1 in
+    adamw | distro | distro-adamw) echo "--optim $1" ;;
+    diloco) echo "--optim diloco --learners $ranks" ;;
+    distro-overlap) echo "--optim distro $overlap_args" ;;
+    distro-adamw-overlap) echo "--optim distro-adamw $overlap_args" ;;
+    distro-stale) echo "--optim distro --overlap-stale" ;;
+    distro-backward) echo "--optim distro --overlap-backward" ;;
+    distro-adamw-backward) echo "--optim distro-adamw --overlap-backward" ;;
+    distro-adamw-sign1) echo "--optim distro-adamw --values sign1" ;;
+    distro-adamw-sign1-overlap) echo "--optim distro-adamw --values sign1 $overlap_args" ;;
+    distro-adamw-sign1-backward) echo "--optim distro-adamw --values sign1 --overlap-backward" ;;
   esac
+}
+for m in $modes; do
+  [ "${m%@*}" = decoupled ] || [ -n "$(args_of "${m%@*}")" ] ||
+    { echo "wan-bench: unknown mode '${m%@*}' (see --help)" >&2; exit 2; }
   case $m in *@*) case ${m#*@} in '' | *[!0-9]* | 0*) echo "wan-bench: '$m': steps after @ must be a positive integer" >&2; exit 2 ;; esac ;; esac
   case $m in decoupled@*) echo "wan-bench: '$m': @N is for the MPI modes" >&2; exit 2 ;; esac
 done
@@ -104,20 +115,6 @@ wan_build_probe "$build"
 wan_up $((ranks + 1)) # the ranks or learners, and the syncer's node
 nodes_last=$ranks
 
-args_of() { # mode -> gpt-train flags
-  case $1 in
-    adamw | distro | distro-adamw) echo "--optim $1" ;;
-    diloco) echo "--optim diloco --learners $ranks" ;;
-    distro-overlap) echo "--optim distro $overlap_args" ;;
-    distro-adamw-overlap) echo "--optim distro-adamw $overlap_args" ;;
-    distro-stale) echo "--optim distro --overlap-stale" ;;
-    distro-backward) echo "--optim distro --overlap-backward" ;;
-    distro-adamw-backward) echo "--optim distro-adamw --overlap-backward" ;;
-    distro-adamw-sign1) echo "--optim distro-adamw --values sign1" ;;
-    distro-adamw-sign1-overlap) echo "--optim distro-adamw --values sign1 $overlap_args" ;;
-    distro-adamw-sign1-backward) echo "--optim distro-adamw --values sign1 --overlap-backward" ;;
-  esac
-}
 rate_name() { [ "$1" = 0 ] && echo none || echo "$1"; }
 now() { date +%s.%N; }
 load() { cut -d' ' -f1 /proc/loadavg; }
@@ -235,7 +232,7 @@ done
 
 runs=()
 for rate in $rates; do for m in $modes; do runs+=("$m:$rate"); done; done
-for m in $modes; do case ${m%@*} in distro | distro-adamw* | distro-overlap | distro-stale | distro-backward) runs+=("$m:0") ;; esac; done
+for m in $modes; do case $m in distro*) runs+=("$m:0") ;; esac; done
 k=0
 start=$(now)
 for r in "${runs[@]}"; do
