@@ -83,16 +83,16 @@ def train(method, a, seed, data, val, vocab, rank, world, log):
     torch.manual_seed(seed)  # the same initial model on every rank and for both methods
     model = GPT(vocab, a.dim, a.layers, a.heads, a.ctx)
     n_params = sum(p.numel() for p in model.parameters())
+    # overlap='backward' sends during backward, before a global norm exists: DisTrO-AdamW clips each tensor then.
+    per_tensor = a.clip > 0 and method != "AdamW+DDP" and a.overlap == "backward"
     if method == "AdamW+DDP":
         net = nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
     else:
         import distro.torch as dt
         net = model
-        # overlap='backward' sends during backward, before a global norm exists: it clips each tensor instead.
-        each = a.clip if a.clip > 0 and a.overlap == "backward" else None
         opt = dt.DisTrOAdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1, overlap=a.overlap,
-                             clip_per_tensor=each)
+                             clip_per_tensor=a.clip if per_tensor else None)
     warm = max(1, a.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, a.steps) / a.steps))))
@@ -105,7 +105,7 @@ def train(method, a, seed, data, val, vocab, rank, world, log):
         loss = F.cross_entropy(net(x).view(-1, vocab), y.view(-1))
         opt.zero_grad()
         loss.backward()
-        if a.clip > 0 and not (method != "AdamW+DDP" and a.overlap == "backward"):
+        if a.clip > 0 and not per_tensor:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         before = 0 if method == "AdamW+DDP" else opt.bytes_sent
         opt.step()
