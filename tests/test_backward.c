@@ -182,6 +182,46 @@ Test(backward, the_blocking_step_bit_for_bit, .timeout = 180) {
   }
 }
 
+/* options.clip_norm: a marked tensor is clipped when it is marked, the
+ * others at the step, by the same rule as the blocking step's: still that
+ * step bit for bit. Gradients are N(0, 1), their tensors' norms 1 to 110
+ * against budgets of 20 sqrt(share), so most tensors are clipped. */
+Test(backward, with_a_clip_the_blocking_step_bit_for_bit, .timeout = 120) {
+  const uint64_t seed = tu_seed();
+  const marks kinds[] = {MARK_ALL_REVERSED, MARK_SOME};
+  const int mi[] = {0, 2};
+  for (int k = 0; k < 2; k++) {
+    distro_options bo = mode_opts(&modes[mi[k]], DISTRO_OVERLAP_OFF), vo = mode_opts(&modes[mi[k]], DISTRO_OVERLAP_BACKWARD);
+    bo.clip_norm = vo.clip_norm = 20.0f;
+    const int world = 3;
+    run *b = new_run(bo, world, 1, seed, MARK_ALL_REVERSED), *u = new_run(mode_opts(&modes[mi[k]], DISTRO_OVERLAP_OFF), world, 1, seed, MARK_ALL_REVERSED);
+    exec(b);
+    exec(u);
+    int clipped = 0;
+    for (int t = 0; t < NT; t++) clipped += !same(b->snap[STEPS - 1][0][t], u->snap[STEPS - 1][0][t], t);
+    cr_assert(clipped > 0, "%s: the clip changed nothing", modes[mi[k]].label);
+    for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++) {
+      run *v = new_run(vo, world, 2, seed, kinds[ki]);
+      exec(v);
+      for (int s = 0; s < STEPS; s++)
+        for (int r = 0; r < world; r++) {
+          cr_assert_eq(v->st[s][r], DISTRO_OK, "%s step %d rank %d: %s", modes[mi[k]].label, s + 1, r, v->err[s][r]);
+          for (int t = 0; t < NT; t++)
+            cr_assert(same(v->snap[s][r][t], b->snap[s][r][t], t),
+                      "%s marks %zu rank %d '%s': step %d with a clip differs from the blocking step's "
+                      "(DISTRO_TEST_SEED=%llu)",
+                      modes[mi[k]].label, ki, r, names[t], s + 1, (unsigned long long)seed);
+        }
+      release(v);
+      free(v);
+    }
+    release(b);
+    release(u);
+    free(b);
+    free(u);
+  }
+}
+
 /* Step 3 (index 2): rank 0 marks in backward's order, the others forward.
  * Every rank fails that step, nothing moves, and step 4 runs. */
 Test(backward, ranks_marking_in_different_orders_fail_together, .timeout = 60) {

@@ -8,6 +8,7 @@
 
 #include <distro/distro.h>
 #include "testutil.h"
+#include "state_file.h"
 
 #define N1 (96 * 64)
 #define N2 100
@@ -120,6 +121,8 @@ Test(state_io, momentum_file_layout) {
   cr_assert(fread(&pending, 4, 1, f) == 1 && pending == 0, "pending record %u", pending);
   double spread; /* one rank: its selection is the aggregate's (version 5) */
   cr_assert(fread(&spread, 8, 1, f) == 1 && spread == 1.0, "spread record %g", spread);
+  uint32_t nshares; /* no clip, no shares (version 6) */
+  cr_assert(fread(&nshares, 4, 1, f) == 1 && nshares == 0, "clip record %u", nshares);
   const struct {
     const float *g;
     int64_t rows, cols, h, w;
@@ -276,72 +279,47 @@ Test(state_io, save_replaces_atomically_and_reports_bad_paths) {
 
 /* ---- file versions and the record of an exchange in flight --------------- */
 
-/* CRC32C, bit by bit (independent of src/common/crc32c.c). */
-static uint32_t crc32c_ref(const unsigned char *p, size_t n) {
-  uint32_t c = 0xffffffffu;
-  for (size_t i = 0; i < n; i++) {
-    c ^= p[i];
-    for (int b = 0; b < 8; b++) c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1u)));
-  }
-  return ~c;
-}
-
-static unsigned char *slurp(const char *f, long *n) {
-  *n = file_size(f);
-  unsigned char *buf = malloc((size_t)*n);
-  FILE *in = fopen(f, "rb");
-  cr_assert(in && buf && fread(buf, 1, (size_t)*n, in) == (size_t)*n);
-  fclose(in);
-  uint32_t crc;
-  memcpy(&crc, buf + *n - 4, 4);
-  cr_assert_eq(crc, crc32c_ref(buf, (size_t)*n - 4), "the file's trailer is not the CRC32C of what precedes it");
-  return buf;
-}
-
-/* Writes buf (n bytes, its CRC replaced) to f. */
-static void spill(const char *f, unsigned char *buf, long n) {
-  const uint32_t crc = crc32c_ref(buf, (size_t)n - 4);
-  memcpy(buf + n - 4, &crc, 4);
-  FILE *out = fopen(f, "wb");
-  cr_assert(out && fwrite(buf, 1, (size_t)n, out) == (size_t)n);
-  fclose(out);
-}
-
 #define HEADER 64 /* magic, version, 6 x u32, step, warm-up record */
 #define SPREAD (HEADER + 4) /* after the pending record */
-#define TENSORS (SPREAD + 8)
+#define CLIP (SPREAD + 8) /* u32: how many clip shares follow (0: none) */
+#define TENSORS (CLIP + 4)
 
-/* Version 4 files (version 5 without the spread record) and version 3 ones
- * (without the pending record either) still load, and a one-rank run (its
- * spread is 1) resumes from them as the uninterrupted run. */
+/* Version 5 files (version 6 without the clip record), version 4 ones
+ * (without the spread record either) and version 3 ones (without the
+ * pending record too) still load, and a one-rank run (its spread is 1)
+ * resumes from them as the uninterrupted run. */
 Test(state_io, older_versions_load) {
   tmp_path();
   distro_options d = distro_options_default(DISTRO_ALG_DEMO);
   d.update = DISTRO_UPDATE_ADAMW;
   d.topk = 8;
-  for (uint32_t old = 3; old <= 4; old++) {
+  for (uint32_t old = 3; old <= 5; old++) {
     uint64_t seed = tu_seed();
     model *a = model_new(d, 96), *b = model_new(d, 96);
     steps(a, seed, 0, 3);
     cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK, "%s", distro_last_error());
     long n;
-    unsigned char *buf = slurp(path, &n);
-    uint32_t v, pending;
+    unsigned char *buf = sf_slurp(path, &n);
+    uint32_t v, pending, nshares;
     double spread;
     memcpy(&v, buf + 8, 4);
     memcpy(&pending, buf + HEADER, 4);
     memcpy(&spread, buf + SPREAD, 8);
-    cr_assert(v == 5 && pending == 0 && spread == 1.0, "version %u, pending %u, spread %g", v, pending, spread);
-    const long cut = old == 4 ? 8 : 12, at = old == 4 ? SPREAD : HEADER;
+    memcpy(&nshares, buf + CLIP, 4);
+    cr_assert(v == 6 && pending == 0 && spread == 1.0 && nshares == 0, "version %u, pending %u, spread %g, %u shares",
+              v, pending, spread, nshares);
+    const long cut = old == 5 ? 4 : old == 4 ? 12 : 16, at = old == 5 ? CLIP : old == 4 ? SPREAD : HEADER;
     memcpy(buf + 8, &old, 4);
     memmove(buf + at, buf + at + cut, (size_t)(n - at - cut));
-    spill(path, buf, n - cut);
+    sf_spill(path, buf, n - cut);
     memcpy(b->p1, a->p1, sizeof a->p1);
     memcpy(b->p2, a->p2, sizeof a->p2);
     cr_assert_eq(distro_optim_load(b->o, path), DISTRO_OK, "version %u: %s", old, distro_last_error());
     steps(a, seed, 3, 8);
     steps(b, seed, 3, 8);
-    same_params(a, b, old == 4 ? "a run resumed from a version 4 file differs" : "a run resumed from a version 3 file differs");
+    char what[64];
+    snprintf(what, sizeof what, "a run resumed from a version %u file differs", old);
+    same_params(a, b, what);
     free(buf);
     unlink(path);
     model_free(a);
@@ -369,7 +347,7 @@ Test(state_io, pending_exchange_record) {
   uint64_t bound;
   cr_assert_eq(distro_optim_payload_bytes(a->o, &bound), DISTRO_OK);
   long n;
-  unsigned char *buf = slurp(path, &n);
+  unsigned char *buf = sf_slurp(path, &n);
   uint32_t pending;
   memcpy(&pending, buf + HEADER, 4);
   cr_assert_eq(pending, (uint32_t)DISTRO_OVERLAP_LOOKAHEAD);
@@ -404,7 +382,7 @@ Test(state_io, pending_exchange_record) {
     if (k == 3) memcpy(c + rec, &nan, 4);
     if (k == 4) memcpy(c + sel_w, &far, 4);
     if (k == 5) memcpy(c + sel_w + 4 * 6 * 8, &nan, 4);
-    spill(bad, c, n);
+    sf_spill(bad, c, n);
     free(c);
     model *b = model_new(d, 96), *f = model_new(d, 96);
     distro_status st = distro_optim_load(b->o, bad);
@@ -424,7 +402,7 @@ Test(state_io, pending_exchange_record) {
    * still pending). */
   cr_assert_eq(distro_optim_save(b->o, bad), DISTRO_OK, "%s", distro_last_error());
   long n2;
-  unsigned char *again = slurp(bad, &n2);
+  unsigned char *again = sf_slurp(bad, &n2);
   cr_assert(n2 == n && memcmp(again, buf, (size_t)n) == 0, "a loaded state saved again differs (%ld vs %ld bytes)",
             n2, n);
   free(again);
@@ -457,7 +435,7 @@ Test(state_io, spread_record_is_bounded_by_the_ranks) {
   steps(a, seed, 0, 7);
   cr_assert_eq(distro_optim_save(a->o, path), DISTRO_OK, "%s", distro_last_error());
   long n;
-  unsigned char *buf = slurp(path, &n);
+  unsigned char *buf = sf_slurp(path, &n);
   char other[300];
   snprintf(other, sizeof other, "%s.seven", path);
   for (int i = 0; i < 2; i++) {
@@ -466,7 +444,7 @@ Test(state_io, spread_record_is_bounded_by_the_ranks) {
     memcpy(m->p2, a->p2, sizeof a->p2);
     const double s = i == 0 ? 1.0 : 7.0;
     memcpy(buf + SPREAD, &s, 8);
-    spill(other, buf, n);
+    sf_spill(other, buf, n);
     cr_assert_eq(distro_optim_load(m->o, other), DISTRO_OK, "%s", distro_last_error());
   }
   same_params(a, b, "the restored provisional step differs from the saving run's");

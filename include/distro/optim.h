@@ -62,7 +62,8 @@ typedef enum {
                                    runs behind the rest of backward */
 } distro_overlap;
 
-#define DISTRO_OPTIONS_VERSION 3
+/* 4 added clip_norm; version 3 structs (without it) are still accepted. */
+#define DISTRO_OPTIONS_VERSION 4
 
 typedef struct distro_options {
   int version;                 /* DISTRO_OPTIONS_VERSION */
@@ -100,11 +101,30 @@ typedef struct distro_options {
                                   exchange started during backward
                                   (distro_optim_grad_ready). What each costs
                                   in loss: docs/design.md, "Overlap". */
+  /* Version 4: */
+  float clip_norm;             /* > 0: clip this rank's gradient, tensor by
+                                  tensor, before the step uses it (the
+                                  caller's buffers are not written): tensor
+                                  i is scaled down to clip_norm *
+                                  sqrt(share_i) when its L2 norm is larger,
+                                  share_i its usual share of the gradient's
+                                  squared norm (an EMA, 0.9 per step, of
+                                  |g_i|^2 / |g|^2, starting from its share of
+                                  the parameters; kept in the saved state).
+                                  A tensor whose gradient is usually large
+                                  keeps it, so a step is clipped about as a
+                                  clip of the whole gradient to clip_norm
+                                  would clip it, and the rule needs only the
+                                  tensor itself: the gradient-ready exchange
+                                  (BACKWARD) sends a tensor before the whole
+                                  gradient's norm is known. 0 (default): no
+                                  clip. CPU only. */
 } distro_options;
 
 /* Defaults, the same for every algorithm: lr 4e-4, beta 0.9/0.95, eps 1e-8,
  * weight decay 0.1, and for DeMo decay 0.999, chunk 32, topk 32, SIGN
- * update, INT8 values, wire version 2, no robust aggregation, no overlap. Setting
+ * update, INT8 values, wire version 2, no robust aggregation, no overlap, no
+ * clip. Setting
  * update = DISTRO_UPDATE_ADAMW on these gives the recommended DisTrO-AdamW
  * (docs/design.md): keep the lr and schedule of the AdamW it replaces. */
 DISTRO_API distro_options distro_options_default(distro_algorithm alg);
@@ -177,8 +197,9 @@ DISTRO_API distro_status distro_optim_set_grad(distro_optim *o, const char *name
  *  - distro_optim_load is refused between a mark and its step;
  *    distro_optim_save is not (it saves the state before the step).
  *  - The clip a trainer applies to the whole gradient's norm is known only
- *    at the end of backward; clip each tensor by its own norm instead
- *    (docs/design.md "Overlap"). */
+ *    at the end of backward: leave the gradients unclipped and set
+ *    options.clip_norm, which clips each tensor by its own norm when it is
+ *    marked (docs/design.md "Overlap"). */
 DISTRO_API distro_status distro_optim_grad_ready(distro_optim *o, const char *name, float lr);
 
 /* One optimizer step on every registered tensor. `lr` overrides the options'
@@ -242,6 +263,12 @@ DISTRO_API distro_status distro_optim_step(distro_optim *o, float lr, distro_ste
  * failed exchange is reported as by distro_optim_step. Stats (may be NULL)
  * report the exchange it completed. */
 DISTRO_API distro_status distro_optim_flush(distro_optim *o, distro_step_stats *stats);
+
+/* options.clip_norm > 0: this rank's gradient norm, before the clip, at the
+ * latest successful step (over every tensor, as the whole gradient's norm a
+ * trainer logs). DISTRO_ERR_INVALID before the first step or without a
+ * clip (the step then does not measure the gradient). */
+DISTRO_API distro_status distro_optim_grad_norm(const distro_optim *o, double *norm);
 
 /* Optimizer state (momenta, moments, step count), atomic and checksummed.
  * Parameters are the caller's and are not saved here.

@@ -39,6 +39,10 @@ distro_status distro_cuda_optim_create(const distro_options *opt, distro_comm *c
   if (host->opt.overlap == DISTRO_OVERLAP_BACKWARD)
     DISTRO_FAIL(DISTRO_ERR_UNSUPPORTED, "distro_cuda_optim_create: options.overlap = DISTRO_OVERLAP_BACKWARD is "
                                         "the CPU optimizer's only (the GPU step has no per-bucket compress)");
+  if (host->opt.clip_norm > 0)
+    DISTRO_FAIL(DISTRO_ERR_UNSUPPORTED, "distro_cuda_optim_create: options.clip_norm is the CPU optimizer's only "
+                                        "(the GPU step reads the gradient unscaled); clip on the device before the "
+                                        "step and leave clip_norm 0");
   distro_cuda_optim *o = calloc(1, sizeof *o);
   if (!o) DISTRO_FAIL(DISTRO_ERR_NOMEM, "distro_cuda_optim_create: out of memory");
   o->host = host;

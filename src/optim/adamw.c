@@ -39,12 +39,13 @@ void distro__adamw_update(float *p, float *m, float *v, const float *q, int64_t 
   }
 }
 
-/* dst = src; returns nonzero if src holds an Inf or NaN. */
-static int copy_check(float *restrict dst, const float *restrict src, int64_t n) {
+/* dst = gs src (gs: options.clip_norm's scale, 1 without); returns nonzero
+ * if src holds an Inf or NaN. */
+static int copy_check(float *restrict dst, const float *restrict src, int64_t n, float gs) {
   uint32_t bad = 0;
 #pragma omp parallel for reduction(| : bad) schedule(static)
   for (int64_t j = 0; j < n; j++) {
-    const float x = src[j];
+    const float x = src[j] * gs;
     uint32_t bits;
     memcpy(&bits, &x, sizeof bits);
     dst[j] = x;
@@ -80,7 +81,7 @@ distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s
     t1 = distro__now();
     for (int i = 0; i < o->nparams; i++) {
       distro__param *p = &o->params[i];
-      distro__adamw_update(p->param, p->m, p->v, p->grad, p->numel, 1.0f, &o->opt, lr, o->step + 1);
+      distro__adamw_update(p->param, p->m, p->v, p->grad, p->numel, p->gscale, &o->opt, lr, o->step + 1);
     }
     s->seconds_decode += distro__now() - t1;
     return DISTRO_OK;
@@ -91,7 +92,7 @@ distro_status distro__adamw_step(distro_optim *o, float lr, distro_step_stats *s
   int64_t off = 0;
   int bad = -1;
   for (int i = 0; i < o->nparams; i++) {
-    if (copy_check(o->flat + off, o->params[i].grad, o->params[i].numel) && bad < 0) bad = i;
+    if (copy_check(o->flat + off, o->params[i].grad, o->params[i].numel, o->params[i].gscale) && bad < 0) bad = i;
     off += o->params[i].numel;
   }
   o->flat[n] = bad >= 0 ? 1.0f : 0.0f;

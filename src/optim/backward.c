@@ -116,6 +116,8 @@ fail:
   return st;
 }
 
+int distro__backward_marked(const distro_optim *o, int i) { return o->bw && o->bw->ready[i]; }
+
 int distro__backward_in_flight(const distro_optim *o) {
   if (!o->bw) return 0;
   for (int b = 0; b < o->nbuckets; b++)
@@ -171,22 +173,23 @@ distro_status distro_optim_grad_ready(distro_optim *o, const char *name, float l
   if (bw->ready[i])
     return distro__fail(DISTRO_ERR_INVALID, "distro_optim_grad_ready: '%s' was already marked ready this step", name);
   const int b = bw->bucket_of[i];
+  if (bw->left[b] == 1 && bw->queued && lr != bw->lr)
+    return distro__fail(DISTRO_ERR_INVALID,
+                        "distro_optim_grad_ready('%s'): lr %g differs from the lr %g of this step's other buckets",
+                        name, (double)lr, (double)bw->lr);
+  if (bw->left[b] == 1 && bw->comm->broken)
+    return distro__fail(DISTRO_ERR_TIMEOUT,
+                        "an earlier exchange timed out (%.3g s); the optimizer's communicator is unusable, abort "
+                        "the job",
+                        bw->comm->timeout_s);
+  const int caller_threads = omp_get_max_threads();
+  if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
+  if (o->opt.clip_norm > 0) distro__clip_measure(o, i); /* its gradient is final now */
   if (bw->left[b] == 1) { /* the bucket is complete: it leaves now */
-    if (bw->queued && lr != bw->lr)
-      return distro__fail(DISTRO_ERR_INVALID,
-                          "distro_optim_grad_ready('%s'): lr %g differs from the lr %g of this step's other buckets",
-                          name, (double)lr, (double)bw->lr);
-    if (bw->comm->broken)
-      return distro__fail(DISTRO_ERR_TIMEOUT,
-                          "an earlier exchange timed out (%.3g s); the optimizer's communicator is unusable, abort "
-                          "the job",
-                          bw->comm->timeout_s);
     bw->lr = lr;
-    const int caller_threads = omp_get_max_threads();
-    if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
     send_bucket(o, b, lr, &bw->early);
-    if (o->opt.threads > 0) omp_set_num_threads(caller_threads);
   }
+  if (o->opt.threads > 0) omp_set_num_threads(caller_threads);
   bw->ready[i] = 1;
   bw->left[b]--;
   return DISTRO_OK;

@@ -123,12 +123,13 @@ static inline float second_moment(float v, float g, float b2) { return b2 * v + 
  * Inf or NaN. */
 DISTRO__CLONES
 static uint32_t adam_rows(float *restrict u, const float *restrict g, const float *restrict v, float *restrict vn,
-                          int64_t ld, int64_t h, int64_t w, float b2, float c2, float eps) {
+                          int64_t ld, int64_t h, int64_t w, float gs, float b2, float c2, float eps) {
   uint32_t bad = 0;
   for (int64_t b = 0; b < h; b++)
     for (int64_t d = 0; d < w; d++) {
-      const float vj = second_moment(v[b * ld + d], g[b * ld + d], b2);
-      u[b * w + d] = g[b * ld + d] / (sqrtf(vj / c2) + eps);
+      const float gj = g[b * ld + d] * gs; /* gs: the clip (1: none, exact) */
+      const float vj = second_moment(v[b * ld + d], gj, b2);
+      u[b * w + d] = gj / (sqrtf(vj / c2) + eps);
       uint32_t bits;
       memcpy(&bits, &vj, sizeof bits);
       bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u); /* Inf or NaN; vectorizes */
@@ -137,17 +138,26 @@ static uint32_t adam_rows(float *restrict u, const float *restrict g, const floa
   return bad;
 }
 
-/* v = b2 v + (1 - b2) g^2 over an h x w tile (row stride ld). */
+/* v = b2 v + (1 - b2) (gs g)^2 over an h x w tile (row stride ld). */
 DISTRO__CLONES
-static void moment_rows(float *restrict v, const float *restrict g, int64_t ld, int64_t h, int64_t w, float b2) {
+static void moment_rows(float *restrict v, const float *restrict g, int64_t ld, int64_t h, int64_t w, float gs,
+                        float b2) {
   for (int64_t b = 0; b < h; b++)
-    for (int64_t d = 0; d < w; d++) v[b * ld + d] = second_moment(v[b * ld + d], g[b * ld + d], b2);
+    for (int64_t d = 0; d < w; d++) v[b * ld + d] = second_moment(v[b * ld + d], g[b * ld + d] * gs, b2);
+}
+
+/* x = gs g over an h x w tile (g at row stride ld, x contiguous): the
+ * clipped gradient the sign update compresses. */
+DISTRO__CLONES
+static void scale_rows(float *restrict x, const float *restrict g, int64_t ld, int64_t h, int64_t w, float gs) {
+  for (int64_t b = 0; b < h; b++)
+    for (int64_t d = 0; d < w; d++) x[b * w + d] = g[b * ld + d] * gs;
 }
 
 static int adam_tile(const distro_optim *o, const distro__param *p, int64_t off, float c2, float *u) {
   const distro__tiling *t = &p->tiling;
   return !adam_rows(u, p->grad + off, p->v + off, p->v_next ? p->v_next + off : NULL, t->cols, t->h, t->w,
-                    o->opt.beta2, c2, o->opt.eps);
+                    p->gscale, o->opt.beta2, c2, o->opt.eps);
 }
 
 /* f = decay*mom + s*f over a tile's n coefficients (the momentum is stored
@@ -205,6 +215,10 @@ static int compress_tile(distro_optim *o, int i, int64_t c, float s, float c2, t
   int64_t ld = cols;
   if (o->opt.update == DISTRO_UPDATE_ADAMW) {
     if (!adam_tile(o, p, off, c2, ws->b)) return 0;
+    x = ws->b;
+    ld = w;
+  } else if (p->gscale != 1.0f) {
+    scale_rows(ws->b, x, ld, h, w, p->gscale);
     x = ws->b;
     ld = w;
   }
@@ -277,7 +291,7 @@ static void apply_tile(distro_optim *o, int i, int64_t c, float lr, float step, 
   float *agreed = p->base ? p->base : p->param;
   sign_tile(agreed + off, cols, ws->b, shrink, step, h, w);
   if (o->opt.update == DISTRO_UPDATE_ADAMW && !p->v_next) /* the moment, unless committed already */
-    moment_rows(p->v + off, p->grad + off, cols, h, w, o->opt.beta2);
+    moment_rows(p->v + off, p->grad + off, cols, h, w, p->gscale, o->opt.beta2);
   ws->t_decode += seconds_between(&clock);
 }
 

@@ -17,13 +17,14 @@ distro_status distro_optim_create(const distro_options *opt, distro_comm *comm, 
   *out = NULL;
   if (!opt) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_create: options are NULL");
   if (!comm) return distro__fail(DISTRO_ERR_INVALID, "distro_optim_create: comm is NULL");
-  distro_status st = distro__options_check(opt);
+  distro_options taken;
+  distro_status st = distro__options_take(opt, &taken);
   if (st != DISTRO_OK) return st;
   if (comm->size > 65535)
     return distro__fail(DISTRO_ERR_UNSUPPORTED, "distro_optim_create: at most 65535 ranks (got %d)", comm->size);
   distro_optim *o = calloc(1, sizeof *o);
   if (!o) return distro__fail(DISTRO_ERR_NOMEM, "distro_optim_create: out of memory");
-  o->opt = *opt;
+  o->opt = taken;
   o->comm = comm;
   o->spread = 1.0;
   *out = o;
@@ -101,6 +102,7 @@ distro_status distro_optim_add_param(distro_optim *o, const char *name, float *p
   memcpy(p->shape, shape, sizeof(int64_t) * (size_t)ndim);
   p->numel = numel;
   p->tiling = t;
+  p->gscale = 1.0f;
   return DISTRO_OK;
 }
 
@@ -226,6 +228,7 @@ distro_status distro__optim_prepare(distro_optim *o) {
     o->flat = zalloc_floats(o->total_numel + 1);
     if (!o->flat) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory for the all-reduce buffer");
   }
+  distro__clip_init(o);
   o->ready = 1;
   return DISTRO_OK;
 fail:
@@ -339,6 +342,9 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
    * the caller's setting comes back on return. */
   const int caller_threads = omp_get_max_threads();
   if (o->opt.threads > 0) omp_set_num_threads(o->opt.threads);
+  if (o->opt.clip_norm > 0) /* what was not measured when marked ready */
+    for (int i = 0; i < o->nparams; i++)
+      if (!distro__backward_marked(o, i)) distro__clip_measure(o, i);
   const distro__ramp ramp = o->ramp; /* restored if the step fails */
   distro__ramp_observe(&o->ramp, lr);
   if (o->ov) st = distro__overlap_step(o, lr, &s); /* counts its own steps */
@@ -350,6 +356,7 @@ distro_status distro_optim_step(distro_optim *o, float lr, distro_step_stats *st
     return st;
   }
   if (!o->ov) o->step++;
+  if (o->opt.clip_norm > 0) distro__clip_commit(o); /* the step took this gradient */
   s.step = o->step;
   s.seconds_total = distro__now() - t0;
   if (stats) *stats = s;
@@ -382,16 +389,30 @@ distro_status distro_optim_flush(distro_optim *o, distro_step_stats *stats) {
   return DISTRO_OK;
 }
 
-distro_status distro_payload_bytes(const distro_options *opt, int n, const int *ndims, const int64_t *const *shapes,
+distro_status distro_optim_grad_norm(const distro_optim *o, double *norm) {
+  DISTRO__NONNULL("distro_optim_grad_norm", o);
+  DISTRO__NONNULL("distro_optim_grad_norm", norm);
+  if (!(o->opt.clip_norm > 0))
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_grad_norm: options.clip_norm is 0, so the step does not "
+                                            "measure the gradient");
+  if (!o->ready || o->grad_norm < 0)
+    return distro__fail(DISTRO_ERR_INVALID, "distro_optim_grad_norm: no step has completed yet");
+  *norm = o->grad_norm;
+  return DISTRO_OK;
+}
+
+distro_status distro_payload_bytes(const distro_options *given, int n, const int *ndims, const int64_t *const *shapes,
                                    uint64_t *bytes) {
   distro_status st = DISTRO_OK;
   distro__tiling *t = NULL;
-  DISTRO__NONNULL("distro_payload_bytes", opt);
+  distro_options taken;
+  const distro_options *opt = &taken;
+  DISTRO__NONNULL("distro_payload_bytes", given);
   DISTRO__NONNULL("distro_payload_bytes", bytes);
   DISTRO__NONNULL("distro_payload_bytes", ndims);
   DISTRO__NONNULL("distro_payload_bytes", shapes);
   if (n < 1) return distro__fail(DISTRO_ERR_INVALID, "distro_payload_bytes: n is %d, need at least one tensor", n);
-  DISTRO_CHECK(distro__options_check(opt));
+  DISTRO_CHECK(distro__options_take(given, &taken));
   if (opt->algorithm == DISTRO_ALG_ADAMW) {
     uint64_t total = 0;
     for (int i = 0; i < n; i++) {

@@ -13,6 +13,20 @@
 
 int distro__uses_adam(const distro_options *o);
 distro_status distro__options_check(const distro_options *o);
+/* Reads the caller's options of version 3 or 4 into out (version 4, its
+ * newer fields at their defaults) and checks them; out untouched on failure. */
+distro_status distro__options_take(const distro_options *in, distro_options *out);
+
+/* options.clip_norm (clip.c). The shares start at each tensor's share of
+ * the parameters (at prepare); measure sets tensor i's gscale and clip_ss
+ * from its gradient as it is now (when it is marked ready, or at the
+ * step); commit, after a successful step, takes the step's norm and moves
+ * the shares. */
+void distro__clip_init(distro_optim *o);
+void distro__clip_measure(distro_optim *o, int i);
+void distro__clip_commit(distro_optim *o);
+/* options.overlap BACKWARD: tensor i was marked ready this step. */
+int distro__backward_marked(const distro_optim *o, int i);
 
 /* Allocates state once (before the first step or a load). */
 distro_status distro__optim_prepare(distro_optim *o);

@@ -69,6 +69,10 @@ typedef struct distro__param {
   float *base;           /* look-ahead overlap: the agreed parameters (equal on
                             every rank); the caller's buffer holds them plus
                             this rank's provisional step. NULL otherwise */
+  float gscale;          /* options.clip_norm: this step's clip of the gradient
+                            (1: none), applied as the step reads it (clip.c) */
+  double clip_ss;        /* options.clip_norm: this step's squared gradient norm */
+  double clip_share;     /* options.clip_norm: its usual share of the whole's (an EMA) */
 } distro__param;
 
 struct distro_optim {
@@ -81,6 +85,7 @@ struct distro_optim {
   int verified;        /* tensor lists agreed across ranks */
   int64_t step;        /* completed steps */
   distro__ramp ramp;   /* DisTrO-AdamW: the caller's lr schedule as seen so far (step_rule.h) */
+  double grad_norm;    /* options.clip_norm: the gradient norm of the latest step, -1 before one */
   double spread;       /* the spread of the latest committed aggregate (1 before any): its step
                           and the look-ahead's next provisional step grow with it (step_rule.h) */
   int64_t max_numel;

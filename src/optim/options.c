@@ -1,5 +1,7 @@
 /* Option defaults and validation. */
 #include <math.h>
+#include <stddef.h>
+#include <string.h>
 
 #include "common/error.h"
 #include "optim/optim_internal.h"
@@ -28,6 +30,7 @@ distro_options distro_options_default(distro_algorithm alg) {
   o.clip_median_multiple = 0.0f;
   o.threads = 0;
   o.overlap = 0;
+  o.clip_norm = 0.0f;
   return o;
 }
 
@@ -35,10 +38,26 @@ int distro__uses_adam(const distro_options *o) {
   return o->algorithm == DISTRO_ALG_ADAMW || o->update == DISTRO_UPDATE_ADAMW;
 }
 
+distro_status distro__options_take(const distro_options *in, distro_options *out) {
+  if (in->version != 3 && in->version != DISTRO_OPTIONS_VERSION)
+    return distro__fail(DISTRO_ERR_INVALID, "options.version is %d, expected 3 or %d (use distro_options_default)",
+                        in->version, DISTRO_OPTIONS_VERSION);
+  /* A version 3 struct ends before clip_norm: read no further than it. */
+  distro_options o = distro_options_default(in->algorithm);
+  memcpy(&o, in, in->version == 3 ? offsetof(distro_options, clip_norm) : sizeof o);
+  o.version = DISTRO_OPTIONS_VERSION;
+  const distro_status st = distro__options_check(&o);
+  if (st == DISTRO_OK) *out = o;
+  return st;
+}
+
 distro_status distro__options_check(const distro_options *o) {
   if (o->version != DISTRO_OPTIONS_VERSION)
     return distro__fail(DISTRO_ERR_INVALID, "options.version is %d, expected %d (use distro_options_default)",
                         o->version, DISTRO_OPTIONS_VERSION);
+  if (!(isfinite(o->clip_norm) && o->clip_norm >= 0))
+    return distro__fail(DISTRO_ERR_INVALID, "clip_norm must be finite and >= 0 (0: no clip; got %g)",
+                        (double)o->clip_norm);
   if (o->algorithm != DISTRO_ALG_DEMO && o->algorithm != DISTRO_ALG_ADAMW)
     return distro__fail(DISTRO_ERR_INVALID, "unknown algorithm %d", (int)o->algorithm);
   if (o->update != DISTRO_UPDATE_SIGN && o->update != DISTRO_UPDATE_ADAMW)

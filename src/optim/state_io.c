@@ -13,6 +13,10 @@
  * mode of a save made with an exchange in flight. Version 5 adds after it
  * f64 the spread of the latest committed aggregate (step_rule.h), which the
  * look-ahead's next provisional step grows with; older files load with 1.
+ * Version 6 adds after it u32 n: 0, or the tensor count when the saving
+ * optimizer clips (options.clip_norm), then n f64 clip shares in tensor
+ * order; an optimizer that clips and loads a file without them starts its
+ * shares afresh (each tensor's share of the parameters).
  * Then each tensor's arrays
  * are followed by what that exchange's step staged (the momentum; DisTrO-
  * AdamW's v; with look-ahead the agreed parameters, then the selection as
@@ -34,7 +38,7 @@
 #include "optim/optim_internal.h"
 
 #define STATE_MAGIC "DSTROPT"
-#define STATE_VERSION 5u
+#define STATE_VERSION 6u
 
 int distro__state_arrays(const distro_options *o, distro__state_array out[3]) {
   int n = 0;
@@ -157,6 +161,9 @@ distro_status distro_optim_save(const distro_optim *co, const char *path) {
   uint64_t spread_bits;
   memcpy(&spread_bits, &o->spread, 8);
   distro__afile_u64(&w, spread_bits);
+  const uint32_t nshares = o->opt.clip_norm > 0 ? (uint32_t)o->nparams : 0u;
+  distro__afile_u32(&w, nshares);
+  for (uint32_t i = 0; i < nshares; i++) distro__afile_write(&w, &o->params[i].clip_share, 8);
   distro__state_array kinds[3];
   const int arrays = distro__state_arrays(&o->opt, kinds);
   for (int i = 0; i < o->nparams; i++) {
@@ -192,6 +199,8 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   distro__rfile r = {0};
   float **fresh = NULL, **fval = NULL;
   uint32_t **fidx = NULL;
+  double *shares = NULL;
+  uint32_t nshares = 0;
   uint8_t *payload = NULL;
   int nfresh = 0;
   DISTRO__NONNULL("distro_optim_load", o);
@@ -234,6 +243,19 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
     /* A spread cannot exceed the ranks that selected; a state saved by a
      * larger job resumes with this job's largest. */
     if (spread > (double)o->comm->size) spread = (double)o->comm->size;
+  }
+  if (version >= 6u) {
+    DISTRO_CHECK(distro__rfile_read(&r, &nshares, 4));
+    if (nshares != 0 && nshares != hdr[5])
+      DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt clip record (%u shares for %u tensors)", path, nshares, hdr[5]);
+    if (nshares != 0 && hdr[5] == (uint32_t)o->nparams) {
+      shares = malloc(sizeof *shares * nshares);
+      if (!shares) DISTRO_FAIL(DISTRO_ERR_NOMEM, "out of memory loading '%s'", path);
+      DISTRO_CHECK(distro__rfile_read(&r, shares, sizeof *shares * nshares));
+      for (uint32_t i = 0; i < nshares; i++)
+        if (!(isfinite(shares[i]) && shares[i] >= 0 && shares[i] <= 1))
+          DISTRO_FAIL(DISTRO_ERR_IO, "'%s': corrupt clip share of tensor #%u (%g, not in [0, 1])", path, i, shares[i]);
+    }
   }
   if (hdr[0] != (uint32_t)o->opt.algorithm || hdr[1] != (uint32_t)o->opt.update)
     DISTRO_FAIL(DISTRO_ERR_SHAPE, "'%s' was saved by a different algorithm or update rule", path);
@@ -318,6 +340,11 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   o->step = step;
   o->ramp = ramp;
   o->spread = spread;
+  if (o->opt.clip_norm > 0) { /* the saved shares, or afresh */
+    distro__clip_init(o);
+    for (uint32_t i = 0; shares && i < nshares; i++) o->params[i].clip_share = shares[i];
+  }
+  free(shares);
   if (o->ov) distro__overlap_restore(o, payload, psize, plr); /* NULL: nothing pending */
   free(fresh);
   free(fidx);
@@ -326,6 +353,7 @@ distro_status distro_optim_load(distro_optim *o, const char *path) {
   return DISTRO_OK;
 fail:
   distro__rfile_close(&r);
+  free(shares);
   for (int i = 0; i < nfresh; i++) free(fresh[i]);
   for (int i = 0; fidx && fval && i < o->nparams; i++) {
     free(fidx[i]);
