@@ -14,7 +14,7 @@ if(TARGET test_gpt_gradcheck)
   endif()
 endif()
 
-# The trainer's per-tensor clip (clip.c) against a float64 reference.
+# The trainer's global clip (clip.c) against a float64 reference.
 if(TARGET test_gpt_clip)
   if(GPT_TESTS_ENABLED)
     target_sources(test_gpt_clip PRIVATE ${PROJECT_SOURCE_DIR}/python-free-examples/gpt/clip.c)

@@ -686,27 +686,58 @@ Test(gpt_errors, bad_checkpoints) {
   expect_error(args, 1, "is corrupt (checksum mismatch)");
   snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --steps 8 --resume '%s/none.bin'", corpus, dir);
   expect_error(args, 1, "cannot read checkpoint");
-  /* A forged file (its checksum made right) whose clip share is out of range. */
+  /* Version 2 files put the trainer's own clip shares before each rank's
+   * optimizer state: with none (k = 0) the file resumes; with shares it is
+   * refused, as this trainer keeps them in the optimizer's state. */
   snprintf(args, sizeof args, "--optim distro --clip-per-tensor --steps 4 --save '%s'", ck);
   free(train(args));
-  f = fopen(ck, "r+b");
-  cr_assert(f);
-  uint64_t np = 0, h = 0xcbf29ce484222325ULL;
-  fseek(f, 60, SEEK_SET);
-  cr_assert_eq(fread(&np, 8, 1, f), 1);
-  const double bad = -0.5;
-  fseek(f, (long)(88 + 4 * np), SEEK_SET); /* rank 0: rng, length, then the count and the shares */
-  fwrite(&bad, 8, 1, f);
-  fseek(f, 0, SEEK_END);
-  const long size = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  for (long i = 0; i < size - 8; i++) h = (h ^ (uint64_t)fgetc(f)) * 0x100000001b3ULL;
-  fseek(f, size - 8, SEEK_SET); /* from reading to writing */
-  fwrite(&h, 8, 1, f);
-  fclose(f);
-  snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --clip-per-tensor --steps 8 --resume '%s'", corpus,
-           ck);
-  expect_error(args, 1, "clip share of tensor 0 is -0.5, not in [0, 1]");
+  for (uint32_t k = 0; k < 2; k++) {
+    f = fopen(ck, "rb");
+    cr_assert(f);
+    fseek(f, 0, SEEK_END);
+    const long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *in = malloc((size_t)size), *buf = malloc((size_t)size + 8 * (4 + 8));
+    cr_assert(in && buf && fread(in, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    uint64_t np, h = 0xcbf29ce484222325ULL;
+    memcpy(&np, in + 60, 8);
+    const uint32_t v2 = 2;
+    const double share = 1.0;
+    long at = 68 + 4 * (long)np, out = at; /* then per rank: rng, length, its optimizer state */
+    memcpy(buf, in, (size_t)at);
+    memcpy(buf + 8, &v2, 4);
+    while (at < size - 8) {
+      uint64_t len;
+      memcpy(&len, in + at + 8, 8);
+      const uint64_t len2 = len + 4 + 8 * k;
+      memcpy(buf + out, in + at, 8);
+      memcpy(buf + out + 8, &len2, 8);
+      memcpy(buf + out + 16, &k, 4);
+      if (k) memcpy(buf + out + 20, &share, 8);
+      memcpy(buf + out + 20 + 8 * k, in + at + 16, (size_t)len);
+      at += 16 + (long)len;
+      out += 16 + (long)len2;
+    }
+    for (long i = 0; i < out; i++) h = (h ^ buf[i]) * 0x100000001b3ULL;
+    memcpy(buf + out, &h, 8);
+    const long size2 = out + 8;
+    free(in);
+    char old[400];
+    snprintf(old, sizeof old, "%s/v2-k%u.bin", dir, k);
+    f = fopen(old, "wb");
+    cr_assert(f && fwrite(buf, 1, (size_t)size2, f) == (size_t)size2);
+    fclose(f);
+    free(buf);
+    if (k) {
+      snprintf(args, sizeof args, "--data '%s' " TINY " --optim distro --clip-per-tensor --steps 6 --resume '%s'",
+               corpus, old);
+      expect_error(args, 1, "keeps --clip-per-tensor's shares outside the optimizer's state");
+    } else {
+      snprintf(args, sizeof args, "--optim distro --clip-per-tensor --steps 6 --resume '%s'", old);
+      free(train(args));
+    }
+  }
 }
 
 /* ---- --compare ------------------------------------------------------------ */

@@ -2,10 +2,12 @@
  *
  * File: "GPTCKPT\0" | u32 version | i32 context, layers, dim, heads, tied |
  * i32 optim, world, topk, chunk, values | i64 step | u64 nparams |
- * f32 params[nparams] | per rank: u64 rng state, u64 n, n bytes of
- * {u32 k, f64 clip shares[k] (version 2; k 0 without --clip-per-tensor),
- * its distro_optim_save file} | u64 FNV-1a of everything before. Version 1
- * (no shares) is still read.
+ * f32 params[nparams] | per rank: u64 rng state, u64 n, n bytes of its
+ * distro_optim_save file (which holds --clip-per-tensor's shares) | u64
+ * FNV-1a of everything before. Version 3; versions 1 and 2 are still read
+ * (version 2 put {u32 k, f64 shares[k]} before the optimizer's file, for
+ * the trainer's own clip; a file with k > 0 is refused, as this trainer
+ * could not restore them).
  *
  * The optimizer state of each rank is its own (DeMo momenta differ across
  * ranks), so it is gathered to rank 0. distro_optim_save/load only take
@@ -24,7 +26,7 @@
 _Static_assert(sizeof(real) == 4, "checkpoints hold float32 parameters");
 
 #define MAGIC "GPTCKPT"
-#define VERSION 2u
+#define VERSION 3u
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
   const unsigned char *p = data;
@@ -127,8 +129,7 @@ static int agree(distro_comm *comm, int ok, char *err, size_t errlen) {
 }
 
 int checkpoint_save(distro_comm *comm, const char *path, const ckpt_meta *meta, int64_t step, const gpt_model *m,
-                    const distro_optim *opt, const gpt_clip_shares *shares, uint64_t rng_state, char *err,
-                    size_t errlen) {
+                    const distro_optim *opt, uint64_t rng_state, char *err, size_t errlen) {
   const int world = distro_comm_size(comm), rank = distro_comm_rank(comm);
   unsigned char *blob = NULL, *padded = NULL, *all = NULL;
   uint64_t *info = NULL;
@@ -139,23 +140,10 @@ int checkpoint_save(distro_comm *comm, const char *path, const ckpt_meta *meta, 
   char own[4200];
   snprintf(own, sizeof own, "%s.rank%d.opt", path, rank);
   distro_status s = distro_optim_save(opt, own);
-  unsigned char *state = NULL;
-  size_t slen = 0;
-  const uint32_t k = shares ? (uint32_t)shares->n : 0;
-  const size_t head = 4 + 8 * (size_t)k;
   if (s != DISTRO_OK)
     snprintf(err, errlen, "saving the optimizer state: %s: %s", distro_status_string(s), distro_last_error());
-  else if (!(state = slurp(own, &slen)))
+  else if (!(blob = slurp(own, &len)))
     snprintf(err, errlen, "cannot read back '%s'", own);
-  else if (!(blob = malloc(head + slen)))
-    snprintf(err, errlen, "out of memory for the checkpoint");
-  if (blob) { /* the clip's shares, then the optimizer's file */
-    memcpy(blob, &k, 4);
-    if (k) memcpy(blob + 4, shares->share, 8 * (size_t)k);
-    memcpy(blob + head, state, slen);
-    len = head + slen;
-  }
-  free(state);
   unlink(own);
   int who = agree(comm, blob != NULL, err, errlen);
   if (who != -1) goto out;
@@ -260,41 +248,32 @@ truncated:
   return -1;
 }
 
-/* Version 2: rank's blob starts with its clip shares; takes them (into
- * shares, when this run clips per tensor) and leaves blob at the optimizer's
- * file. 0, or -1 with err. */
-static int take_shares(const unsigned char **blob, uint64_t *blen, gpt_clip_shares *shares, const char *path,
-                       int rank, char *err, size_t errlen) {
+/* Version 2: rank's blob starts with u32 k and k shares of the trainer's
+ * own per-tensor clip. k 0 (no clip) leaves blob at the optimizer's file;
+ * shares are refused: the clip's state now lives in the optimizer's file.
+ * 0, or -1 with err. */
+static int skip_shares(const unsigned char **blob, uint64_t *blen, const char *path, int rank, char *err,
+                       size_t errlen) {
   uint32_t k = 0;
   if (*blen >= 4) memcpy(&k, *blob, 4);
-  if (*blen < 4 || (*blen - 4) / 8 < k) {
-    snprintf(err, errlen, "checkpoint '%s' is truncated or malformed (rank %d's clip shares)", path, rank);
+  if (*blen < 4) {
+    snprintf(err, errlen, "checkpoint '%s' is truncated or malformed (rank %d's clip record)", path, rank);
     return -1;
   }
-  if (k && shares) {
-    if (k != (uint32_t)shares->n) {
-      snprintf(err, errlen, "checkpoint '%s' holds clip shares of %u tensors; this model has %d", path, k,
-               shares->n);
-      return -1;
-    }
-    for (uint32_t t = 0; t < k; t++) { /* a forged file may carry any bits */
-      double f;
-      memcpy(&f, *blob + 4 + 8 * (size_t)t, 8);
-      if (!(f >= 0 && f <= 1)) {
-        snprintf(err, errlen, "checkpoint '%s': rank %d's clip share of tensor %u is %g, not in [0, 1]", path, rank,
-                 t, f);
-        return -1;
-      }
-    }
-    memcpy(shares->share, *blob + 4, 8 * (size_t)k);
+  if (k) {
+    snprintf(err, errlen,
+             "checkpoint '%s' (version 2) keeps --clip-per-tensor's shares outside the optimizer's state, where "
+             "this trainer cannot restore them: resume it with the build that saved it",
+             path);
+    return -1;
   }
-  *blob += 4 + 8 * (size_t)k;
-  *blen -= 4 + 8 * (uint64_t)k;
+  *blob += 4;
+  *blen -= 4;
   return 0;
 }
 
 int checkpoint_load(distro_comm *comm, const char *path, const ckpt_meta *meta, int64_t *step, gpt_model *m,
-                    distro_optim *opt, gpt_clip_shares *shares, uint64_t *rng_state, char *err, size_t errlen) {
+                    distro_optim *opt, uint64_t *rng_state, char *err, size_t errlen) {
   const int rank = distro_comm_rank(comm);
   size_t n = 0;
   const unsigned char *blob = NULL;
@@ -306,7 +285,7 @@ int checkpoint_load(distro_comm *comm, const char *path, const ckpt_meta *meta, 
   if (!buf) {
     snprintf(err, errlen, "cannot read checkpoint '%s': %s", path, strerror(errno ? errno : EIO));
   } else if (parse(buf, n, path, meta, rank, step, m, rng_state, &blob, &blen, &version, err, errlen) == 0 &&
-             (version < 2 || take_shares(&blob, &blen, shares, path, rank, err, errlen) == 0)) {
+             (version != 2 || skip_shares(&blob, &blen, path, rank, err, errlen) == 0)) {
     /* This rank's optimizer state goes back through a file of its own. */
     char own[4200];
     snprintf(own, sizeof own, "%s.rank%d.load", path, rank);

@@ -8,7 +8,6 @@
 
 #include <distro/distro.h>
 
-#include "clip.h"
 #include "model.h"
 
 /* What must match for a resume. */
@@ -17,17 +16,15 @@ typedef struct {
   int32_t optim, world, topk, chunk, values;
 } ckpt_meta;
 
-/* Collective: every rank calls it; shares: NULL without --clip-per-tensor. Returns -1 on success, else the lowest
+/* Collective: every rank calls it. Returns -1 on success, else the lowest
  * rank that failed (the same on every rank); that rank's err says why. */
 int checkpoint_save(distro_comm *comm, const char *path, const ckpt_meta *meta, int64_t step, const gpt_model *m,
-                    const distro_optim *opt, const gpt_clip_shares *shares, uint64_t rng_state, char *err,
-                    size_t errlen);
+                    const distro_optim *opt, uint64_t rng_state, char *err, size_t errlen);
 
 /* Collective, returns like checkpoint_save. Restores the parameters, this
- * rank's optimizer state, --clip-per-tensor shares (shares: NULL without
- * the clip) and data RNG, and the step. A file written without the shares
- * (version 1, or a run without the clip) leaves them at their start. */
+ * rank's optimizer state (with --clip-per-tensor's shares) and data RNG,
+ * and the step. */
 int checkpoint_load(distro_comm *comm, const char *path, const ckpt_meta *meta, int64_t *step, gpt_model *m,
-                    distro_optim *opt, gpt_clip_shares *shares, uint64_t *rng_state, char *err, size_t errlen);
+                    distro_optim *opt, uint64_t *rng_state, char *err, size_t errlen);
 
 #endif

@@ -92,7 +92,27 @@ static distro_options make_options(const train_config *c) {
     o.values = c->values;
     o.overlap = c->overlap_step;
   }
+  /* --clip-per-tensor: the library clips each tensor as the step reads it
+   * (or, with the gradient-ready exchange, as it is marked ready). */
+  if (c->clip_each) o.clip_norm = c->clip;
   return o;
+}
+
+/* gpt_backward_hooked's hook for --overlap-backward: tensors [first,
+ * first + count) have their final gradient; the optimizer may send them. */
+typedef struct {
+  const gpt_model *m;
+  distro_optim *opt;
+  float lr;
+  distro_status st; /* the first failure */
+  char err[512];
+} mark_ready;
+
+static void mark_ready_hook(void *arg, int first, int count) {
+  mark_ready *r = arg;
+  for (int t = first; t < first + count && r->st == DISTRO_OK; t++)
+    if ((r->st = distro_optim_grad_ready(r->opt, r->m->tensors[t].name, r->lr)) != DISTRO_OK)
+      snprintf(r->err, sizeof r->err, "%s", distro_last_error());
 }
 
 static ckpt_meta make_meta(const train_config *c, int world) {
@@ -177,7 +197,6 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
   real *scratch = NULL; /* DiLoCo: the local parameters while the global copy is evaluated */
   FILE *log = NULL;
   gpt_tensor_log *tlog = NULL;
-  gpt_clip_shares shares = {0, NULL, NULL}; /* --clip-per-tensor's budgets */
   uint8_t *inp = malloc((size_t)B * T), *tgt = malloc((size_t)B * T);
   distro_status s = DISTRO_OK;
   /* The optimizer's communicator: the world, or with DiLoCo this rank's learner. */
@@ -273,7 +292,6 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     log = fopen(c->log_path, c->resume_path ? "a" : "w");
     if (!log) FAIL("cannot open log file '%s'", c->log_path);
   }
-  if (ok && c->clip_each && gpt_clip_shares_init(&shares, &m) != 0) FAIL("out of memory for the clip's shares");
   if (ok && lead && c->tensor_log_path &&
       !(tlog = gpt_tensor_log_open(c->tensor_log_path, c->resume_path != NULL, &m, err, sizeof err)))
     ok = 0;
@@ -292,7 +310,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
                                                  : 0));
   int64_t start = decoupled ? c->start_step : 0;
   if (c->resume_path) {
-    who = checkpoint_load(comm, c->resume_path, &meta, &start, &m, opt, c->clip_each ? &shares : NULL, &rng.s, err,
+    who = checkpoint_load(comm, c->resume_path, &meta, &start, &m, opt, &rng.s, err,
                           sizeof err);
     if (who != -1) goto done;
     if (start > c->steps) {
@@ -337,21 +355,20 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     const float loss = (float)gpt_forward(&m, inp, tgt, B, T);
     gpt_zero_grad(&m);
     const float lr = lr_at(c, step);
-    float gnorm;
-    if (c->clip_each) {
-      gpt_clip_each rc = {&m, c->clip, lr, c->overlap_step == DISTRO_OVERLAP_BACKWARD ? opt : NULL, &shares,
-                          DISTRO_OK, ""};
-      gpt_backward_hooked(&m, gpt_clip_each_ready, &rc);
-      gnorm = (float)sqrt(gpt_clip_shares_update(&shares));
-      if (rc.st != DISTRO_OK) {
-        FAIL("step %d: distro_optim_grad_ready: %s: %s", step + 1, distro_status_string(rc.st), rc.err);
+    float gnorm = NAN;
+    if (c->overlap_step == DISTRO_OVERLAP_BACKWARD) {
+      mark_ready mr = {&m, opt, lr, DISTRO_OK, ""};
+      gpt_backward_hooked(&m, mark_ready_hook, &mr);
+      if (mr.st != DISTRO_OK) {
+        FAIL("step %d: distro_optim_grad_ready: %s: %s", step + 1, distro_status_string(mr.st), mr.err);
         who = 0;
         goto done;
       }
     } else {
       gpt_backward(&m);
-      gnorm = gpt_clip_global(&m, c->clip);
     }
+    if (!c->clip_each) gnorm = gpt_clip_global(&m, c->clip);
+    else if (!(c->clip > 0)) gnorm = gpt_clip_global(&m, 0.0f); /* the norm only: nothing clips */
     const int tlogs = tlog && (step + 1) % c->tensor_every == 0;
     if (tlogs) gpt_tensor_log_before(tlog, &m);
     distro_step_stats st;
@@ -379,6 +396,10 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
            distro_status_string(s), distro_last_error());
       who = 0;
       goto done;
+    }
+    if (c->clip_each && c->clip > 0) { /* the library clipped: it measured the norm */
+      double n2;
+      if (distro_optim_grad_norm(opt, &n2) == DISTRO_OK) gnorm = (float)n2;
     }
     if (tlogs) gpt_tensor_log_after(tlog, &m, step + 1, lr); /* a failed write shows at the close */
     const double dt = gpt_now() - t0;
@@ -490,7 +511,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       /* With --overlap-step the optimizer's state keeps the exchange in
        * flight (distro_optim_save), so saving does not change the run. */
       if (log) fflush(log); /* the log holds every step the checkpoint does */
-      who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, c->clip_each ? &shares : NULL, rng.s, err,
+      who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, rng.s, err,
                             sizeof err);
       if (who != -1) goto done;
       if (lead && !c->quiet) {
@@ -611,7 +632,6 @@ done:
 #endif
   distro_diloco_free(dl);
   free(scratch);
-  gpt_clip_shares_free(&shares);
   distro_optim_free(opt);
   gpt_free(&m);
   free(inp);

@@ -20,8 +20,8 @@ typedef struct {
   float lr;          /* peak; warm-up from 0, then cosine down to lr * lr_final */
   float lr_final;
   float clip;        /* global-norm clipping of each rank's local gradient (0: off) */
-  int clip_each;     /* clip each tensor by its own norm, to clip * sqrt(its usual
-                        share of the squared norm), as backward completes it */
+  int clip_each;     /* the library clips each tensor by its own norm
+                        (options.clip_norm = clip) instead */
   float wd, beta1, beta2;
   uint64_t seed;
   gpt_sampling sampling; /* where each rank draws its windows from */

@@ -29,6 +29,7 @@ class Options(ctypes.Structure):
         ("update", ctypes.c_int), ("values", ctypes.c_int), ("wire_version", ctypes.c_int),
         ("drop_invalid_peers", ctypes.c_int), ("threads", ctypes.c_int),
         ("clip_median_multiple", ctypes.c_float), ("overlap", ctypes.c_int),
+        ("clip_norm", ctypes.c_float),  # version 4
     ]
 
 
@@ -109,6 +110,7 @@ def load():
         "distro_optim_grad_ready": (ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_float]),
         "distro_optim_step": (ctypes.c_int, [P, ctypes.c_float, ctypes.POINTER(StepStats)]),
         "distro_optim_flush": (ctypes.c_int, [P, ctypes.POINTER(StepStats)]),
+        "distro_optim_grad_norm": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_double)]),
         "distro_optim_save": (ctypes.c_int, [P, ctypes.c_char_p]),
         "distro_optim_load": (ctypes.c_int, [P, ctypes.c_char_p]),
         "distro_optim_payload_bytes": (ctypes.c_int, [P, ctypes.POINTER(ctypes.c_uint64)]),

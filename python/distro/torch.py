@@ -62,8 +62,6 @@ class _Optimizer(torch.optim.Optimizer):
         self._lib_opts = lib_opts
         self._backward = overlap == "backward" and self._algorithm == _lib.ALG_DEMO
         self._clip = None if clip_per_tensor is None else float(clip_per_tensor)
-        self._shares = None  # clip_per_tensor: per (group, index), the usual share of the squared norm
-        self._ss = {}        # this backward's squared norms, before clipping
         self.bytes_sent = 0
         self.bytes_received = 0
         self.steps = 0
@@ -102,6 +100,8 @@ class _Optimizer(torch.optim.Optimizer):
             o.topk = lo.get("topk", o.topk)
             o.values = _lib.VALUES[lo.get("values", "int8")]
             o.overlap = _lib.OVERLAP[lo.get("overlap", "off")]
+        if self._clip is not None:  # the library clips each tensor as it takes it, keeping the shares
+            o.clip_norm = self._clip
         return o
 
     def _register(self, g):
@@ -124,7 +124,7 @@ class _Optimizer(torch.optim.Optimizer):
             rec["pptr"].append(p.data_ptr())
             rec["gptr"].append(None)
             rec["marks"].append(None)
-        if self._backward or self._clip is not None:
+        if self._backward:
             self._hook(gi)
 
     def _hook(self, gi):
@@ -158,16 +158,6 @@ class _Optimizer(torch.optim.Optimizer):
         bad = _tensor_problem(grad, "the gradient of %s" % name.decode())
         if bad:
             raise ValueError("distro: " + bad)
-        if self._clip is not None:  # the trainer's --clip-per-tensor: clip * sqrt(this tensor's usual share)
-            if self._shares is None:
-                self._shares = self._start_shares()
-            norm = float(torch.linalg.vector_norm(grad, dtype=torch.float64))
-            self._ss[(gi, i)] = norm * norm
-            budget = self._clip * math.sqrt(self._shares[(gi, i)])
-            if norm > budget:
-                grad.mul_(budget / norm)
-        if not self._backward:
-            return
         ptr = grad.data_ptr()
         if ptr != rec["gptr"][i]:
             check(lib.distro_optim_set_grad(rec["h"], name, ptr), "distro_optim_set_grad")
@@ -175,24 +165,6 @@ class _Optimizer(torch.optim.Optimizer):
         check(lib.distro_optim_grad_ready(rec["h"], name, float(g["lr"])),
               "distro_optim_grad_ready(%s)" % name.decode())
         rec["marks"][i] = (grad, grad._version)
-
-    def _start_shares(self):
-        """Each tensor's share of the parameters: where the usual shares start."""
-        n = {(gi, i): p.numel() for gi, g in enumerate(self.param_groups) for i, p in enumerate(g["params"])}
-        total = sum(n.values())
-        return {k: v / total for k, v in n.items()}
-
-    def _update_shares(self):
-        """After a step: the backward's shares of the squared norm enter the
-        EMA (0.9), in registration order (a backward of zeros leaves it)."""
-        if self._shares is None:
-            return
-        ss = [self._ss.get(k, 0.0) for k in self._shares]
-        tot = sum(ss)
-        if tot > 0:
-            for k, v in zip(list(self._shares), ss):
-                self._shares[k] = 0.9 * self._shares[k] + 0.1 * v / tot
-        self._ss = {}
 
     def _prepare(self):
         """Every check before any group steps: nothing moves on bad input."""
@@ -246,7 +218,6 @@ class _Optimizer(torch.optim.Optimizer):
             total.bytes_received += s.bytes_received
             total.seconds_total += s.seconds_total
             total.step = s.step
-        self._update_shares()
         self.bytes_sent += total.bytes_sent
         self.bytes_received += total.bytes_received
         self.steps += 1
@@ -261,6 +232,18 @@ class _Optimizer(torch.optim.Optimizer):
             check(lib.distro_optim_flush(rec["h"], ctypes.byref(s)), "distro_optim_flush")
             self.bytes_sent += s.bytes_sent
             self.bytes_received += s.bytes_received
+
+    def grad_norm(self):
+        """clip_per_tensor: this rank's gradient norm before the clip, at the
+        last step, over every group (the library measures it per group)."""
+        if self._clip is None:
+            raise ValueError("distro: grad_norm() needs clip_per_tensor (without it the step measures nothing)")
+        tot = 0.0
+        for rec in self._records:
+            n = ctypes.c_double()
+            check(lib.distro_optim_grad_norm(rec["h"], ctypes.byref(n)), "distro_optim_grad_norm")
+            tot += n.value * n.value
+        return math.sqrt(tot)
 
     def payload_bytes(self):
         """Upper bound of this rank's bytes per step (all groups)."""
@@ -280,8 +263,8 @@ class _Optimizer(torch.optim.Optimizer):
                 check(lib.distro_optim_save(rec["h"], path.encode()), "distro_optim_save")
                 with open(path, "rb") as f:
                     blobs.append(f.read())
-        sd["distro"] = {"format": 1, "groups": blobs, "bytes": [self.bytes_sent, self.bytes_received, self.steps],
-                        "clip_shares": None if self._shares is None else list(self._shares.values())}
+        # clip_per_tensor's shares are in each group's library state
+        sd["distro"] = {"format": 1, "groups": blobs, "bytes": [self.bytes_sent, self.bytes_received, self.steps]}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -289,18 +272,10 @@ class _Optimizer(torch.optim.Optimizer):
         if not extra or extra.get("format") != 1 or len(extra.get("groups", ())) != len(self._records):
             raise ValueError("distro: this state_dict has no distro state for %d param groups (was it saved by "
                              "another optimizer?)" % len(self._records))
-        shares = extra.get("clip_shares")
-        if self._clip is not None and shares is not None:
-            start = self._start_shares()
-            if len(shares) != len(start):
-                raise ValueError("distro: this state_dict holds clip shares of %d tensors; this optimizer has %d"
-                                 % (len(shares), len(start)))
-            shares = dict(zip(start, map(float, shares)))
-            bad = [v for v in shares.values() if not 0.0 <= v <= 1.0]
-            if bad:
-                raise ValueError("distro: this state_dict holds a clip share of %r, not in [0, 1]" % bad[0])
-        else:
-            shares = None
+        if extra.get("clip_shares"):
+            raise ValueError("distro: this state_dict keeps clip_per_tensor's shares outside the library's state "
+                             "(an older distro package), where this one cannot restore them: resume it with the "
+                             "package that saved it")
         super().load_state_dict(state_dict)
         with tempfile.TemporaryDirectory(prefix="distro-") as d:
             for i, (rec, blob) in enumerate(zip(self._records, extra["groups"])):
@@ -309,8 +284,6 @@ class _Optimizer(torch.optim.Optimizer):
                     f.write(blob)
                 check(lib.distro_optim_load(rec["h"], path.encode()), "distro_optim_load")
         self.bytes_sent, self.bytes_received, self.steps = extra["bytes"]
-        if shares is not None:
-            self._shares, self._ss = shares, {}
         for g, rec in zip(self.param_groups, self._records):
             for k in _HYPER:  # the C optimizers keep their own; a saved tuple may come back as a list
                 g[k] = rec["hyper"][k]
@@ -328,10 +301,14 @@ class DisTrOAdamW(_Optimizer):
     starts then, behind the rest of backward; step() gives the blocking
     step's parameters, bit for bit. One backward per step, and nothing may
     change a gradient between backward and step(): a global-norm clip
-    (clip_grad_norm_) is refused there; clip_per_tensor=X clips each
-    tensor, as backward completes it, to X * sqrt(its usual share of the
-    squared gradient norm: an EMA over the steps, from its share of the
-    parameters; state_dict keeps it) (any overlap, and AdamW too)."""
+    (clip_grad_norm_) is refused there; clip_per_tensor=X has the library
+    clip each tensor as it takes it (options.clip_norm), to X * sqrt(its
+    usual share of the squared gradient norm: an EMA over the steps, from
+    its share of the parameters; state_dict keeps it), any overlap, and
+    AdamW too. The .grad tensors are left as backward made them. Each
+    param group is its own library optimizer, so with several groups each
+    group is clipped as a whole of its own (to X). grad_norm() gives the
+    norm the last step measured."""
 
     _update = _lib.UPDATE_ADAMW
 

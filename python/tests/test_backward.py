@@ -134,31 +134,36 @@ class Backward(unittest.TestCase):
 
     def test_clip_shares_travel_in_the_state_dict(self):
         """3 steps, state_dict into a fresh optimizer, 2 more: the bits of 5
-        in a row; without the shares the clip would act otherwise."""
+        in a row (the shares are in the library's state); from a state of
+        an optimizer without the clip, the shares start afresh and the run
+        differs; a state_dict of the older package, with its shares beside
+        the library's state, is refused with nothing changed."""
         whole = Tiny()
-        run_steps(whole, make("distro_adamw", whole, "backward", clip=0.05), STEPS)
-        m = Tiny()
-        opt = make("distro_adamw", m, "backward", clip=0.05)
-        run_steps(m, opt, 3)
-        sd = opt.state_dict()
-        self.assertEqual(len(sd["distro"]["clip_shares"]), len(list(m.parameters())))
-        forged = dict(sd, distro=dict(sd["distro"], clip_shares=[float("nan")] + sd["distro"]["clip_shares"][1:]))
-        with self.assertRaisesRegex(ValueError, r"clip share of nan, not in \[0, 1\]"):
-            make("distro_adamw", Tiny(), "backward", clip=0.05).load_state_dict(forged)
-        for drop in (False, True):
+        wopt = make("distro_adamw", whole, "backward", clip=0.05)
+        run_steps(whole, wopt, STEPS)
+        self.assertGreater(wopt.grad_norm(), 0.05)
+        for clipped in (True, False):
+            m = Tiny()
+            opt = make("distro_adamw", m, "backward", clip=0.05 if clipped else None)
+            run_steps(m, opt, 3)
+            sd = opt.state_dict()
+            self.assertNotIn("clip_shares", sd["distro"])
             m2 = Tiny()
             with torch.no_grad():
                 for a, b in zip(m2.parameters(), m.parameters()):
                     a.copy_(b)
             o2 = make("distro_adamw", m2, "backward", clip=0.05)
-            d = dict(sd, distro=dict(sd["distro"], clip_shares=None if drop else sd["distro"]["clip_shares"]))
-            o2.load_state_dict(d)
+            if clipped:
+                old = dict(sd, distro=dict(sd["distro"], clip_shares=[0.5] * len(list(m.parameters()))))
+                with self.assertRaisesRegex(ValueError, "older distro package"):
+                    o2.load_state_dict(old)
+            o2.load_state_dict(sd)
             for s in range(3, STEPS):
                 o2.zero_grad()
                 loss_of(m2, 0, s).backward()
                 o2.step()
             self.assertEqual(same_bits([p.detach() for p in whole.parameters()], [p.detach() for p in m2.parameters()]),
-                             not drop, "shares %s" % ("dropped" if drop else "kept"))
+                             clipped, "from a state %s the clip" % ("with" if clipped else "without"))
 
     def test_two_gloo_ranks_give_the_blocking_bits(self):
         for kind in CLASSES:
@@ -217,6 +222,8 @@ class Refusals(unittest.TestCase):
         for bad in (0.0, -1.0, float("nan")):
             with self.assertRaisesRegex(ValueError, "clip_per_tensor"):
                 make("demo", Tiny(), "off", clip=bad)
+        with self.assertRaisesRegex(ValueError, "grad_norm.*clip_per_tensor"):
+            make("demo", Tiny(), "off").grad_norm()
 
 
 if __name__ == "__main__":
