@@ -23,7 +23,7 @@
 # runs too: a save keeps the exchange in flight).
 #
 # X-overlap runs optimizer X with --overlap-step (look-ahead), X-stale with
-# --overlap-stale, X-sign1 and X-int4 with --values sign1 or int4
+# --overlap-stale, X-sign1, X-int4 and X-int8 with --values sign1, int4 or int8
 # (X-sign1-overlap: both). --wd X sets the decoupled weight decay for every
 # run (the DisTrO report's schedule: 0.1; the trainer's default: 0). --sampling is
 # gpt-train's (where each rank draws its windows); a set keeps the mode it
@@ -211,7 +211,7 @@ for size in "${S[@]}"; do
           *-stale) gopt=${opt%-stale} extra="--overlap-stale" ;;
         esac
         case "$gopt" in # X-sign1-overlap: both
-          *-sign1 | *-int4) extra="$extra --values ${gopt##*-}" gopt=${gopt%-*} ;;
+          *-sign1 | *-int4 | *-int8) extra="$extra --values ${gopt##*-}" gopt=${gopt%-*} ;;
         esac
         # Checkpoints (not for DiLoCo, whose trainer does not save): resume
         # a run that was cut off; its CSV then holds the steps after the

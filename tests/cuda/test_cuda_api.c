@@ -71,6 +71,19 @@ int main(void) {
     distro_cuda_optim_free(la);
   }
   CT_CHECK(distro_cuda_optim_flush(NULL, NULL) == DISTRO_ERR_INVALID, "flush NULL");
+  /* The CPU optimizer's only: the gradient-ready exchange and the clip
+   * inside the step, refused by name at create. */
+  {
+    distro_options cpu_only = ok;
+    cpu_only.overlap = DISTRO_OVERLAP_BACKWARD;
+    CT_CHECK(gpu_create(&cpu_only, comm) == DISTRO_ERR_UNSUPPORTED && strstr(distro_last_error(), "BACKWARD"),
+             "BACKWARD on the GPU: '%s'", distro_last_error());
+    cpu_only = ok;
+    cpu_only.clip_norm = 1.0f;
+    CT_CHECK(cpu_create(&cpu_only, comm) == DISTRO_OK, "clip_norm on the CPU: %s", distro_last_error());
+    CT_CHECK(gpu_create(&cpu_only, comm) == DISTRO_ERR_UNSUPPORTED && strstr(distro_last_error(), "clip_norm"),
+             "clip_norm on the GPU: '%s'", distro_last_error());
+  }
 
   /* add_param: same checks as the CPU optimizer, with dummy pointers (never
    * dereferenced before the first step) */
