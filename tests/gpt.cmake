@@ -25,16 +25,18 @@ if(TARGET test_gpt_clip)
   endif()
 endif()
 
-# End-to-end runs of the trainer binary.
-if(TARGET test_gpt_train)
-  if(GPT_TESTS_ENABLED)
-    target_compile_definitions(test_gpt_train PRIVATE GPT_TRAIN="$<TARGET_FILE:gpt-train>")
-    add_dependencies(test_gpt_train gpt-train)
-  else()
-    set_target_properties(test_gpt_train PROPERTIES EXCLUDE_FROM_ALL TRUE)
-    set_tests_properties(test_gpt_train PROPERTIES DISABLED TRUE)
+# End-to-end runs of the trainer binary: what it does, and what it refuses.
+foreach(suite test_gpt_train test_gpt_errors)
+  if(TARGET ${suite})
+    if(GPT_TESTS_ENABLED)
+      target_compile_definitions(${suite} PRIVATE GPT_TRAIN="$<TARGET_FILE:gpt-train>")
+      add_dependencies(${suite} gpt-train)
+    else()
+      set_target_properties(${suite} PROPERTIES EXCLUDE_FROM_ALL TRUE)
+      set_tests_properties(${suite} PROPERTIES DISABLED TRUE)
+    endif()
   endif()
-endif()
+endforeach()
 
 # The trainer under mpirun against in-process ranks (MPI builds only; without
 # MPI the suite compiles to one skipped test).

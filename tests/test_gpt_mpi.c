@@ -17,57 +17,19 @@
 Test(gpt_mpi, same_parameters_as_in_process_ranks) { cr_skip_test("built without MPI or without the GPT example"); }
 #else
 
-static char dir[256];
-static char corpus[300];
-
-static void setup(void) {
-  snprintf(dir, sizeof dir, "/tmp/test_gpt_mpi.XXXXXX");
-  cr_assert(mkdtemp(dir));
-  snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
-  FILE *f = fopen(corpus, "w");
-  cr_assert(f);
-  uint64_t s = 99;
-  for (int i = 0; i < 30000; i++) { /* letters and spaces, some structure */
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    fputc((s >> 60) < 3 ? ' ' : 'a' + (int)((s >> 33) % 12), f);
-  }
-  fclose(f);
-}
-
-static void teardown(void) {
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-}
-
-static int run(const char *cmd, char **out) {
-  char full[8192];
-  snprintf(full, sizeof full, "%s 2>&1", cmd);
-  FILE *p = popen(full, "r");
-  cr_assert(p);
-  size_t cap = 1 << 16, n = 0, got;
-  char *buf = malloc(cap);
-  while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-    n += got;
-    if (cap - n < 1024) buf = realloc(buf, cap *= 2);
-  }
-  buf[n] = 0;
-  int st = pclose(p);
-  *out = buf;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#include "gpt_cli.h" /* its corpus, setup, teardown and run */
 
 /* One thread per rank on both sides: the same arithmetic in each rank. */
-#define TINY "--layers 2 --dim 32 --heads 2 --context 32 --batch 4 --threads 1 --eval-every 5 --checksum --quiet"
+#define MPI_TINY "--layers 2 --dim 32 --heads 2 --context 32 --batch 4 --threads 1 --eval-every 5 --checksum --quiet"
 
 /* Runs the trainer (under mpirun with `mpi`), returns its parameter checksum. */
 static unsigned long long checksum(int mpi, const char *args) {
   char cmd[4096], *out;
   if (mpi)
-    snprintf(cmd, sizeof cmd, "'%s' --allow-run-as-root --oversubscribe -np 2 '%s' --mpi --data '%s' " TINY " %s",
+    snprintf(cmd, sizeof cmd, "'%s' --allow-run-as-root --oversubscribe -np 2 '%s' --mpi --data '%s' " MPI_TINY " %s",
              MPIEXEC, GPT_TRAIN, corpus, args);
   else
-    snprintf(cmd, sizeof cmd, "'%s' --ranks 2 --data '%s' " TINY " %s", GPT_TRAIN, corpus, args);
+    snprintf(cmd, sizeof cmd, "'%s' --ranks 2 --data '%s' " MPI_TINY " %s", GPT_TRAIN, corpus, args);
   int rc = run(cmd, &out);
   cr_assert_eq(rc, 0, "exit %d: %s\n%s", rc, cmd, out);
   const char *p = strstr(out, "param checksum ");
