@@ -132,6 +132,22 @@ class Backward(unittest.TestCase):
             self.assertTrue(same_bits(by_hand, train(kind, "backward", clip=0.05)), kind)
             self.assertFalse(same_bits(by_hand, train(kind, "off")), "%s: the clip (0.05) never acted" % kind)
 
+    def test_grad_norm_is_the_norm_before_the_clip(self):
+        """grad_norm(): the float64 norm of the gradients backward made;
+        the clip leaves .grad as it was."""
+        for kind in CLASSES:
+            m = Tiny()
+            opt = make(kind, m, "off", clip=0.05)
+            for s in range(3):
+                opt.zero_grad()
+                loss_of(m, 0, s).backward()
+                grads = [p.grad.detach().clone() for p in m.parameters()]
+                ref = math.sqrt(sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2 for g in grads))
+                opt.step()
+                self.assertLessEqual(abs(opt.grad_norm() - ref), 1e-12 * ref, "%s step %d" % (kind, s + 1))
+                self.assertGreater(ref, 0.05, "%s: the clip (0.05) never acted" % kind)
+                self.assertTrue(same_bits(grads, [p.grad for p in m.parameters()]), "%s: .grad was written" % kind)
+
     def test_clip_shares_travel_in_the_state_dict(self):
         """3 steps, state_dict into a fresh optimizer, 2 more: the bits of 5
         in a row (the shares are in the library's state); from a state of
