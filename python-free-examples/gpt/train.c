@@ -310,8 +310,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
                                                  : 0));
   int64_t start = decoupled ? c->start_step : 0;
   if (c->resume_path) {
-    who = checkpoint_load(comm, c->resume_path, &meta, &start, &m, opt, &rng.s, err,
-                          sizeof err);
+    who = checkpoint_load(comm, c->resume_path, &meta, &start, &m, opt, &rng.s, err, sizeof err);
     if (who != -1) goto done;
     if (start > c->steps) {
       FAIL("checkpoint '%s' is at step %lld, beyond --steps %d", c->resume_path, (long long)start, c->steps);
@@ -367,8 +366,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
     } else {
       gpt_backward(&m);
     }
-    if (!c->clip_each) gnorm = gpt_clip_global(&m, c->clip);
-    else if (!(c->clip > 0)) gnorm = gpt_clip_global(&m, 0.0f); /* the norm only: nothing clips */
+    const int lib_clips = c->clip_each && c->clip > 0; /* options.clip_norm: it measures the norm too */
+    if (!lib_clips) gnorm = gpt_clip_global(&m, c->clip); /* with --clip-per-tensor, clip 0: the norm only */
     const int tlogs = tlog && (step + 1) % c->tensor_every == 0;
     if (tlogs) gpt_tensor_log_before(tlog, &m);
     distro_step_stats st;
@@ -397,10 +396,8 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       who = 0;
       goto done;
     }
-    if (c->clip_each && c->clip > 0) { /* the library clipped: it measured the norm */
-      double n2;
-      if (distro_optim_grad_norm(opt, &n2) == DISTRO_OK) gnorm = (float)n2;
-    }
+    double lib_norm;
+    if (lib_clips && distro_optim_grad_norm(opt, &lib_norm) == DISTRO_OK) gnorm = (float)lib_norm;
     if (tlogs) gpt_tensor_log_after(tlog, &m, step + 1, lr); /* a failed write shows at the close */
     const double dt = gpt_now() - t0;
     step_sum += dt;
@@ -511,8 +508,7 @@ static distro_status rank_main(distro_comm *comm, int rank, void *arg) {
       /* With --overlap-step the optimizer's state keeps the exchange in
        * flight (distro_optim_save), so saving does not change the run. */
       if (log) fflush(log); /* the log holds every step the checkpoint does */
-      who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, rng.s, err,
-                            sizeof err);
+      who = checkpoint_save(comm, c->save_path, &meta, done_steps, &m, opt, rng.s, err, sizeof err);
       if (who != -1) goto done;
       if (lead && !c->quiet) {
         if (c->label) fprintf(x->out, "[%s] ", c->label);
