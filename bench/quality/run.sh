@@ -23,20 +23,20 @@
 # runs too: a save keeps the exchange in flight).
 #
 # X-overlap runs optimizer X with --overlap-step (look-ahead), X-stale with
-# --overlap-stale, X-sign1, X-int4 and X-int8 with --values sign1, int4 or int8
-# (X-sign1-overlap: both). --wd X sets the decoupled weight decay for every
-# run (the DisTrO report's schedule: 0.1; the trainer's default: 0). --sampling is
-# gpt-train's (where each rank draws its windows); a set keeps the mode it
-# was started with in NAME.meta (the sets measured before the option existed
-# say shard there), and a run asking for another mode is refused. A new set
-# takes --sampling, or the trainer's default, global. --warmup F gives every
-# run a linear warm-up over the fraction F of its steps (default: each
-# optimizer's own, which for adamw, distro and distro-adamw is 15% since
-# 2026-12-03 and was 5% for adamw and distro-adamw before); NAME.meta keeps
-# it too, and the sets from before the change say so there, so no run of
-# another schedule is added to them. NAME.meta also names the CPU (model,
-# widest vector ISA, cores): a set is one machine's, and a run on another
-# CPU is refused.
+# --overlap-stale, X-sign1, X-int4 and X-int8 with --values sign1, int4 or
+# int8 (X-sign1-overlap: both), X-kN with --topk N (X-k16-sign1: both). --wd
+# X sets the decoupled weight decay for every run (the DisTrO report's
+# schedule: 0.1; the trainer's default: 0). --sampling is gpt-train's (where
+# each rank draws its windows); a set keeps the mode it was started with in
+# NAME.meta (the sets measured before the option existed say shard there),
+# and a run asking for another mode is refused. A new set takes --sampling,
+# or the trainer's default, global. --warmup F gives every run a linear
+# warm-up over the fraction F of its steps (default: each optimizer's own,
+# which for adamw, distro and distro-adamw is 15% since 2026-12-03 and was
+# 5% for adamw and distro-adamw before); NAME.meta keeps it too, and the
+# sets from before the change say so there, so no run of another schedule is
+# added to them. NAME.meta also names the CPU (model, widest vector ISA,
+# cores): a set is one machine's, and a run on another CPU is refused.
 # small: the demo model (4 layers, width 128, 842,496 parameters), 300 steps.
 # large: 5 layers, width 256, 8 heads (4,047,616 parameters), 900 steps.
 # xl:    7 layers, width 384, 6 heads (12.57 M parameters), 1800 steps.
@@ -212,6 +212,9 @@ for size in "${S[@]}"; do
         esac
         case "$gopt" in # X-sign1-overlap: both
           *-sign1 | *-int4 | *-int8) extra="$extra --values ${gopt##*-}" gopt=${gopt%-*} ;;
+        esac
+        case "$gopt" in # X-k16: the coefficients kept per chunk
+          *-k[0-9]*) extra="$extra --topk ${gopt##*-k}" gopt=${gopt%-k*} ;;
         esac
         # Checkpoints (not for DiLoCo, whose trainer does not save): resume
         # a run that was cut off; its CSV then holds the steps after the
