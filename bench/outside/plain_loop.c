@@ -17,14 +17,14 @@
  * distro_optim_flush before the evaluation, as the header asks; --overlap
  * backward marks each tensor's gradient final after backward, the last
  * layer first (distro_optim_grad_ready), as a trainer does during it;
- * --values sets options.values.
+ * --values sets options.values, --topk options.topk.
  * The model is python-free-examples/replace_adamw's, copied on purpose: run.sh
  * compiles this one file as an outside program, and the examples stay
  * standalone (their README quotes their diff).
  *
  *   plain_loop --data FILE --optim adamw|distro-adamw --lr X [--seed N]
  *              [--steps 300] [--ranks 4] [--batch 64] [--overlap off|lookahead|stale|backward]
- *              [--values sign1|int8] */
+ *              [--values sign1|int8] [--topk N] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,7 +45,7 @@ static const size_t offsets[NUM_TENSORS] = {0, V * C, 2 * V * C};
 typedef struct {
   const unsigned char *text;
   long train_len, val_lo, len; /* [0, train_len) trains; [val_lo, len - 1) is held out */
-  int adamw, ranks, batch, steps, overlap, values; /* values: -1 the default */
+  int adamw, ranks, batch, steps, overlap, values, topk; /* values, topk: -1 the default */
   float lr;
   uint64_t seed;
   double val_loss, bytes_per_step;
@@ -121,6 +121,7 @@ static distro_status train(distro_comm *comm, int rank, void *arg) {
     o.update = DISTRO_UPDATE_ADAMW; /* the swap: one field */
     o.overlap = r->overlap;
     if (r->values >= 0) o.values = (distro_values)r->values; /* --values: one more field */
+    if (r->topk > 0) o.topk = r->topk;                        /* --topk: one more field */
     st = distro_optim_create(&o, comm, &opt);
     for (int i = 0; st == DISTRO_OK && i < NUM_TENSORS; i++)
       st = distro_optim_add_param(opt, names[i], params + offsets[i], grads + offsets[i], ndims[i], shapes[i]);
@@ -165,7 +166,7 @@ static distro_status train(distro_comm *comm, int rank, void *arg) {
 }
 
 int main(int argc, char **argv) {
-  run r = {.ranks = 4, .batch = 64, .steps = 300, .seed = 1, .lr = NAN, .adamw = -1, .values = -1};
+  run r = {.ranks = 4, .batch = 64, .steps = 300, .seed = 1, .lr = NAN, .adamw = -1, .values = -1, .topk = -1};
   const char *path = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     const char *a = argv[i], *v = argv[i + 1];
@@ -178,6 +179,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--batch")) r.batch = atoi(v);
     else if (!strcmp(a, "--values"))
       r.values = !strcmp(v, "sign1") ? DISTRO_VALUES_SIGN1 : !strcmp(v, "int8") ? DISTRO_VALUES_INT8 : -2;
+    else if (!strcmp(a, "--topk")) r.topk = atoi(v);
     else if (!strcmp(a, "--overlap"))
       r.overlap = !strcmp(v, "off") ? DISTRO_OVERLAP_OFF
                   : !strcmp(v, "lookahead") ? DISTRO_OVERLAP_LOOKAHEAD
@@ -186,11 +188,12 @@ int main(int argc, char **argv) {
     else return fprintf(stderr, "plain_loop: unknown option '%s'\n", a), 2;
   }
   if (!path || r.adamw < 0 || !(r.lr > 0) || r.steps < 20 || r.ranks < 1 || r.batch < 1 || r.seed == 0 ||
-      r.overlap < 0 || r.values < -1 || (r.adamw && (r.overlap || r.values >= 0)))
+      r.overlap < 0 || r.values < -1 || r.topk == 0 || r.topk < -1 ||
+      (r.adamw && (r.overlap || r.values >= 0 || r.topk > 0)))
     return fprintf(stderr, "usage: plain_loop --data FILE --optim adamw|distro-adamw --lr X [--seed N>0] "
                            "[--steps N>=20] [--ranks N] [--batch N] [--overlap off|lookahead|stale|backward] "
-                           "[--values sign1|int8] "
-                           "(the last two: distro-adamw)\n"),
+                           "[--values sign1|int8] [--topk N>0] "
+                           "(the last three: distro-adamw)\n"),
            2;
   FILE *f = fopen(path, "rb");
   if (!f) return fprintf(stderr, "plain_loop: cannot open %s\n", path), 1;
@@ -207,8 +210,10 @@ int main(int argc, char **argv) {
   const distro_status st = distro_comm_run_local(r.ranks, train, &r);
   if (st != DISTRO_OK) return fprintf(stderr, "plain_loop: %s\n", distro_status_string(st)), 1;
   static const char *const mode[] = {"", " overlap lookahead", " overlap stale", " overlap backward"};
-  printf("%s%s%s lr %g seed %llu: held-out loss %.4f, %.0f bytes sent per step per rank\n",
-         r.adamw ? "adamw" : "distro-adamw", mode[r.overlap], r.values == DISTRO_VALUES_SIGN1 ? " values sign1" : "",
+  char k[24] = "";
+  if (r.topk > 0) snprintf(k, sizeof k, " topk %d", r.topk);
+  printf("%s%s%s%s lr %g seed %llu: held-out loss %.4f, %.0f bytes sent per step per rank\n",
+         r.adamw ? "adamw" : "distro-adamw", mode[r.overlap], r.values == DISTRO_VALUES_SIGN1 ? " values sign1" : "", k,
          (double)r.lr, (unsigned long long)r.seed, r.val_loss, r.bytes_per_step);
   free(text);
   return 0;

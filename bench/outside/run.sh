@@ -7,9 +7,10 @@
 # --lr X skips the sweep; --overlap adds DisTrO-AdamW with the look-ahead,
 # the stale overlap and the gradient-ready exchange (options.overlap, which
 # must end where the blocking step does: no clip here); --sign1 adds DisTrO-AdamW with 1-bit
-# values (options.values = DISTRO_VALUES_SIGN1).
+# values (options.values = DISTRO_VALUES_SIGN1), --topk16 DisTrO-AdamW with
+# 16 coefficients a chunk (options.topk = 16).
 #
-#   bench/outside/run.sh [--build DIR] [--lrs 0.003,0.01,0.03 | --lr X] [--seeds 1,2,3] [--steps 300] [--overlap] [--sign1]
+#   bench/outside/run.sh [--build DIR] [--lrs 0.003,0.01,0.03 | --lr X] [--seeds 1,2,3] [--steps 300] [--overlap] [--sign1] [--topk16]
 # Needs the fortunes corpus (Debian: fortunes); about 5 minutes on 2 cores.
 set -euo pipefail
 build=build lrs=0.003,0.01,0.03 seeds=1,2,3 steps=300 lr= optims="adamw distro-adamw"
@@ -20,9 +21,10 @@ while [ $# -gt 0 ]; do
     --lr) lr=$2; shift 2 ;;
     --overlap) optims="$optims distro-adamw-lookahead distro-adamw-stale distro-adamw-backward"; shift ;;
     --sign1) optims="$optims distro-adamw-sign1"; shift ;;
+    --topk16) optims="$optims distro-adamw-topk16"; shift ;;
     --seeds) seeds=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "outside: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,6 +63,7 @@ res=$work/results.tsv
 for o in $optims; do
   case $o in
     distro-adamw-sign1) args=(--optim distro-adamw --values sign1) ;;
+    distro-adamw-topk16) args=(--optim distro-adamw --topk 16) ;;
     distro-adamw-*) args=(--optim distro-adamw --overlap "${o#distro-adamw-}") ;;
     *) args=(--optim "$o") ;;
   esac
