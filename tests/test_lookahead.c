@@ -30,11 +30,12 @@
 #include "overlap_fixture.h"
 
 /* The provisional step of the call standing in for step t (1-based), when
- * the aggregate applied in that call had spread s (1: none): a fraction of
+ * the aggregate applied in that call grew the step by g (the reference's
+ * dr_spread_scale of its spread; 1: none): a fraction of
  * the update's own step (src/optim/step_rule.h, DISTRO__AHEAD_*), computed
  * as the library does in float; DisTrO-AdamW's step size itself is checked
  * against the float64 reference by test_reference_step. */
-static float ahead(const distro_options *o, const double *lrs, int64_t t, double s) {
+static float ahead(const distro_options *o, const double *lrs, int64_t t, double g) {
   const float lr = (float)lrs[t - 1];
   if (o->update == DISTRO_UPDATE_SIGN) return 1.0f * lr;
   const double want = dr_adamw_step(o->beta2, t);
@@ -44,7 +45,6 @@ static float ahead(const distro_options *o, const double *lrs, int64_t t, double
   /* rounded as the library rounds its step and its fraction: each once, to
    * float; the fraction is 0.75 of the step unless it is grown, and rises
    * with the growth g to the whole grown step */
-  const double g = dr_spread_scale(s);
   const float frac = (float)(0.75 * g < 1.0 ? 0.75 * g : 1.0);
   return frac * (float)(got * dr_warmup_of(lrs, t, t) * g * (double)lr);
 }
@@ -59,7 +59,7 @@ static int ahead_sizes(const distro_options *o, const double *lrs, int64_t t, co
   dr_spread_counts(m, &lo, &hi, &picks);
   int n = 0;
   for (int64_t d = lo; d <= hi && n < MAX_SIZES; d++) {
-    const float a = ahead(o, lrs, t, picks && d ? (double)d / (double)picks : 1.0);
+    const float a = ahead(o, lrs, t, dr_spread_scale(m, picks && d ? (double)d / (double)picks : 1.0));
     if (n == 0 || out[n - 1] != a) out[n++] = a;
   }
   cr_assert(hi - lo < MAX_SIZES, "the reference leaves %lld distinct counts open", (long long)(hi - lo + 1));

@@ -271,6 +271,17 @@ Test(reference_step, sign_f32_chunk32_topk4, .timeout = 120) {
   sweep("sign/f32/chunk32/topk4", o, 0.02, 2, 3, 4);
 }
 
+/* Sparser selections than the calibration's (4 of up to 32 x 32: about a
+ * 57th of these tiles' coefficients) anchor the growth higher (about 3.6,
+ * step_rule.h): three ranks never grow the step, four to six do. The
+ * reference computes the anchor from its own tiles. */
+Test(reference_step, adamw_update_sparse_selections_grow_later, .timeout = 120) {
+  distro_options o = demo_opts(DISTRO_UPDATE_ADAMW, DISTRO_VALUES_F32);
+  o.chunk = 32;
+  o.topk = 4;
+  sweep("adamw-update/f32/chunk32/topk4", o, 1e-3, 2, 6, 6);
+}
+
 Test(reference_step, adamw_update_f32_world_1_to_4, .timeout = 120) {
   sweep("adamw-update/f32", demo_opts(DISTRO_UPDATE_ADAMW, DISTRO_VALUES_F32), 1e-3, 1, 4, 6);
 }

@@ -159,22 +159,75 @@ Test(spread, sampled_beyond_4096_tiles) {
   for (int world = 2; world <= 6; world += 2) check(world, 3, big, 16, 4, 0.5);
 }
 
+/* The growth keeps each released coefficient's share of the step at the
+ * calibrated one: selections of 32 in 32 x 32 tiles (a union of at most a
+ * sixteenth of the tile at two ranks), computed here from the union's share
+ * of the tiles rather than from the library's anchor. */
+static double ref_growth(double density, double s) {
+  const double cal = 2.0 * 32.0 / 1024.0;
+  if (density >= cal / 2.0) return s > 2.0 ? sqrt(s / 2.0) : 1.0;
+  return s * density > cal ? sqrt(s * density / cal) : 1.0;
+}
+
 Test(spread, step_growth_from_the_calibrated_two_ranks) {
   tu_rng g = {tu_seed()};
-  for (int n = 0; n < 1000; n++) {
-    const double s = 1.0 + 7.0 * tu_uniform(&g);
-    const double got = distro__adamw_spread_scale(s), want = s > 2.0 ? sqrt(s / 2.0) : 1.0;
-    if (s <= 2.0) cr_assert_eq(got, 1.0, "spread %.17g <= 2: growth %.17g, not exactly 1", s, got);
-    else cr_assert(fabs(got - want) <= 1e-15 * want, "spread %.17g: growth %.17g, want %.17g", s, got, want);
+  for (int n = 0; n < 4000; n++) {
+    /* a share of the coefficients kept from 1/4096 to 1/2, log-uniform */
+    const double density = exp2(-1.0 - 11.0 * tu_uniform(&g));
+    const double s = 1.0 + 15.0 * tu_uniform(&g);
+    const double got = distro__adamw_spread_scale(s, distro__spread_anchor(density)), want = ref_growth(density, s);
+    if (want == 1.0)
+      cr_assert_eq(got, 1.0, "density %.17g spread %.17g: growth %.17g, not exactly 1", density, s, got);
+    else cr_assert(fabs(got - want) <= 1e-14 * want, "density %.17g spread %.17g: growth %.17g, want %.17g", density, s,
+                   got, want);
   }
-  cr_assert_eq(distro__adamw_spread_scale(2.0), 1.0);
-  cr_assert(distro__adamw_spread_scale(8.0) == 2.0, "spread 8: growth %.17g, want 2", distro__adamw_spread_scale(8.0));
-  /* the step rounds once: at spread <= 2 the same float as before the growth */
+  /* the defaults anchor at two ranks' most; topk 16 at four ranks' */
+  cr_assert_eq(distro__spread_anchor(32.0 / 1024.0), 2.0);
+  cr_assert_eq(distro__spread_anchor(64.0 / 1024.0), 2.0);
+  cr_assert_eq(distro__spread_anchor(16.0 / 1024.0), 4.0);
+  cr_assert_eq(distro__adamw_spread_scale(2.0, 2.0), 1.0);
+  cr_assert_eq(distro__adamw_spread_scale(4.0, 4.0), 1.0);
+  cr_assert(distro__adamw_spread_scale(8.0, 2.0) == 2.0, "spread 8: growth %.17g, want 2",
+            distro__adamw_spread_scale(8.0, 2.0));
+  /* the step rounds once: ungrown, the same float as without the growth */
   const float lr = 3e-3f;
   distro__ramp r = {0};
   for (int64_t t = 1; t <= 60; t++) {
     distro__ramp_observe(&r, t <= 20 ? lr * (float)t / 20.0f : lr);
     const float plain = (float)(distro__adamw_step_scale(0.95, t) * distro__ramp_scale(&r, t) * (double)lr);
-    cr_assert_eq(distro__adamw_sign_step(0.95, t, lr, &r, 1.7), plain, "step %lld changed at spread 1.7", (long long)t);
+    cr_assert_eq(distro__adamw_sign_step(0.95, t, lr, &r, distro__adamw_spread_scale(1.7, 2.0)), plain,
+                 "step %lld changed at spread 1.7", (long long)t);
+  }
+}
+
+/* The optimizer's own growth: counted only where the ranks can spread past
+ * the anchor (topk 16 in 32 x 32 tiles: more than four), then as above. */
+Test(spread, counted_only_past_the_anchor) {
+  static const int64_t shapes[][2] = {{64, 96}, {32, 32}, {96, 64}};
+  tu_rng g = {tu_seed()};
+  for (int world = 2; world <= 6; world++) {
+    fake f;
+    build(&f, &g, world, 3, shapes, 32, 16, 0.5);
+    memset(f.o.dropped, 0, (size_t)world);
+    f.o.opt.update = DISTRO_UPDATE_ADAMW;
+    f.o.opt.topk = 16;
+    f.o.opt.chunk = 32;
+    /* disjoint selections (tiles of 1024 hold 6 x 16): the spread is the rank count */
+    for (int r = 0; r < world; r++)
+      for (int i = 0; i < 3; i++) {
+        const distro__tiling *t = &f.tilings[i];
+        for (int64_t c = 0; c < t->nchunks; c++)
+          for (int64_t j = 0; j < t->k; j++)
+            f.o.dec_idx[(size_t)r * (size_t)f.o.total_sel + (size_t)(f.o.sel_off[i] + c * t->k + j)] =
+                (uint32_t)((world * j + r) % t->chunk_elems);
+      }
+    const double sp = distro__step_spread(&f.o);
+    if (world <= 4) cr_assert_eq(sp, 1.0, "world %d, anchor 4: spread %g counted", world, sp);
+    else cr_assert_eq(sp, (double)world, "world %d: disjoint selections spread %g", world, sp);
+    f.o.spread = sp;
+    const double want = ref_growth(16.0 / 1024.0, world <= 4 ? 1.0 : sp);
+    cr_assert(fabs(distro__step_growth(&f.o) - want) <= 1e-14 * want, "world %d: growth %.17g, want %.17g", world,
+              distro__step_growth(&f.o), want);
+    release(&f);
   }
 }

@@ -464,7 +464,8 @@ static distro_status demo_apply(distro_cuda_optim *o, float lr) {
    * with its spread (counted on the host from the decoded selections and
    * kept for the look-ahead's next provisional step, as demo_commit does) */
   h->spread = distro__step_spread(h);
-  const float step = sign_update ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr, &h->ramp, h->spread);
+  const float step =
+      sign_update ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr, &h->ramp, distro__step_growth(h));
   for (int i = 0; i < h->nparams; i++) {
     cuda_param *p = &o->params[i];
     const int64_t n = h->params[i].numel;

@@ -428,7 +428,7 @@ void distro__demo_apply(distro_optim *o, int agg, float lr, int64_t t, float ahe
    * the aggregate's spread (t: the step the aggregate belongs to; the
    * spread was taken when it was committed). */
   const float step =
-      sign_update || !agg ? lr : distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp, o->spread);
+      sign_update || !agg ? lr : distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp, distro__step_growth(o));
   memset(o->ws_clock, 0, sizeof *o->ws_clock * (size_t)nt);
   const double t0 = distro__now();
 #pragma omp parallel num_threads(nt)

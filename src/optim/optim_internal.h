@@ -68,8 +68,12 @@ size_t distro__demo_ws_bytes(int64_t max_tile);
  * over a fixed sample of the tiles; 1 with nothing selected. */
 double distro__aggregate_spread(distro_optim *o);
 /* The spread the step grows with: distro__aggregate_spread where it can
- * change the step (DisTrO-AdamW, more than two ranks), else 1, uncounted. */
+ * change the step (DisTrO-AdamW, more ranks than the growth's anchor,
+ * step_rule.h), else 1, uncounted. */
 double distro__step_spread(distro_optim *o);
+/* DisTrO-AdamW's growth of the step with the latest committed spread
+ * (distro__adamw_spread_scale at this optimizer's anchor). */
+double distro__step_growth(const distro_optim *o);
 
 /* A payload format (payload_format.c): one entry per wire version, chosen
  * once by distro__payload_prepare. bound: the largest payload of a tensor

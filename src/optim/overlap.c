@@ -131,7 +131,8 @@ static void copy_agreed(distro_optim *o, int to_caller) {
  * (distro__ahead_fraction). */
 static float ahead_step(const distro_optim *o, float lr, int64_t t) {
   if (o->opt.update == DISTRO_UPDATE_SIGN) return DISTRO__AHEAD_SIGN * lr;
-  return distro__ahead_fraction(o->spread) * distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp, o->spread);
+  const double g = distro__step_growth(o);
+  return distro__ahead_fraction(g) * distro__adamw_sign_step(o->opt.beta2, t, lr, &o->ramp, g);
 }
 
 int distro__overlap_saved(const distro_optim *o, size_t *size, float *lr) {

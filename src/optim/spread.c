@@ -42,10 +42,23 @@ double distro__aggregate_spread(distro_optim *o) {
   return picks > 0 && distinct > 0 ? (double)distinct / (double)picks : 1.0;
 }
 
+/* The anchor of this model's growth: its selections keep sum k / sum h w
+ * of its tiles' coefficients (the same on every rank and device). */
+static double anchor(const distro_optim *o) {
+  int64_t kept = 0, all = 0;
+  for (int i = 0; i < o->nparams; i++) {
+    kept += o->tilings[i].nchunks * o->tilings[i].k;
+    all += o->tilings[i].nchunks * o->tilings[i].chunk_elems;
+  }
+  return all > 0 ? distro__spread_anchor((double)kept / (double)all) : DISTRO__SPREAD_CALIBRATED;
+}
+
 double distro__step_spread(distro_optim *o) {
-  /* Only DisTrO-AdamW's step grows with the spread, and only above
-   * DISTRO__SPREAD_CALIBRATED, which two ranks cannot exceed: the count
-   * would change nothing there. */
-  if (o->opt.update == DISTRO_UPDATE_SIGN || o->comm->size <= DISTRO__SPREAD_CALIBRATED) return 1.0;
+  /* Only DisTrO-AdamW's step grows with the spread, and only above the
+   * anchor, which no more ranks than it can exceed: the count would change
+   * nothing there. */
+  if (o->opt.update == DISTRO_UPDATE_SIGN || o->comm->size <= anchor(o)) return 1.0;
   return distro__aggregate_spread(o);
 }
+
+double distro__step_growth(const distro_optim *o) { return distro__adamw_spread_scale(o->spread, anchor(o)); }

@@ -19,13 +19,15 @@ double distro__adamw_step_scale(double beta2, int64_t t) {
   return DISTRO__ADAMW_SIGN_STEP * sqrt((rt - 4.0) * (rt - 2.0) * rinf / ((rinf - 4.0) * (rinf - 2.0) * rt));
 }
 
-double distro__adamw_spread_scale(double s) {
-  return s > DISTRO__SPREAD_CALIBRATED ? sqrt(s / DISTRO__SPREAD_CALIBRATED) : 1.0;
+double distro__spread_anchor(double density) {
+  /* exact for power-of-two densities: 2 at the defaults' 1/32, 4 at 1/64 */
+  const double a = 1.0 / (16.0 * density);
+  return a > DISTRO__SPREAD_CALIBRATED ? a : DISTRO__SPREAD_CALIBRATED;
 }
 
-float distro__ahead_fraction(double s) {
-  return (float)fmin(1.0, DISTRO__AHEAD_ADAMW * distro__adamw_spread_scale(s));
-}
+double distro__adamw_spread_scale(double s, double anchor) { return s > anchor ? sqrt(s / anchor) : 1.0; }
+
+float distro__ahead_fraction(double g) { return (float)fmin(1.0, DISTRO__AHEAD_ADAMW * g); }
 
 void distro__ramp_observe(distro__ramp *r, float lr) {
   r->seen++;

@@ -46,24 +46,30 @@ double distro__ramp_scale(const distro__ramp *r, int64_t t);
 
 /* The sign step spreads one size over every coefficient the aggregate
  * holds, so the share of it each coefficient a rank released gets falls as
- * the ranks' selections differ. Their spread s (distro__aggregate_spread:
- * the distinct coefficients of all live ranks' selections per coefficient
- * one rank selects) is 1 when every rank picked the same ones and at most
- * the number of live ranks. The step was calibrated at two ranks, where s
- * never exceeds 2; above that it grows as sqrt(s / 2), so at four or more
- * ranks each released coefficient keeps about its two-rank share instead
- * of shrinking with the ranks (docs/design.md, "At 4 and 8 ranks"). Exactly
- * 1 for s <= 2. */
+ * the union of the ranks' selections grows: about 1/sqrt(u) for u
+ * coefficients per tile. Their spread s (distro__aggregate_spread: the
+ * distinct coefficients of all live ranks' selections per coefficient one
+ * rank selects, so u = s topk) is 1 when every rank picked the same ones
+ * and at most the number of live ranks. The step was calibrated at two
+ * ranks of topk 32 in 32 x 32 tiles, whose union holds at most a
+ * sixteenth of a tile (s <= 2). Above the spread where the union reaches
+ * that share, the anchor a, the step grows as sqrt(s / a), so each released
+ * coefficient keeps about its calibrated share instead of shrinking with
+ * the ranks (docs/design.md, "At 4 and 8 ranks"). For selections that keep
+ * `density` of the tiles' coefficients, a = 1 / (16 density): 2 at the
+ * defaults, 4 at topk 16 of 32 x 32 tiles, whose coefficients already hold
+ * a larger share. Never below 2, so denser selections grow as the defaults
+ * do. Exactly 1 for s <= a. */
 #define DISTRO__SPREAD_CALIBRATED 2.0
-double distro__adamw_spread_scale(double s);
+double distro__spread_anchor(double density);
+double distro__adamw_spread_scale(double s, double anchor);
 
 /* That step for learning rate lr, warm-up state r (NULL: none) and the
- * aggregate's spread s (1: none; the look-ahead's provisional step takes
- * the latest committed aggregate's), rounded once to float: what every path (CPU, look-ahead, CUDA)
- * applies. */
-static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr, const distro__ramp *r, double s) {
-  return (float)(distro__adamw_step_scale(beta2, t) * (r ? distro__ramp_scale(r, t) : 1.0) *
-                 distro__adamw_spread_scale(s) * (double)lr);
+ * growth g (distro__adamw_spread_scale; 1: none; the look-ahead's
+ * provisional step takes the latest committed aggregate's), rounded once
+ * to float: what every path (CPU, look-ahead, CUDA) applies. */
+static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr, const distro__ramp *r, double g) {
+  return (float)(distro__adamw_step_scale(beta2, t) * (r ? distro__ramp_scale(r, t) : 1.0) * g * (double)lr);
 }
 
 /* Look-ahead overlap: this rank's provisional step while its exchange is in
@@ -76,6 +82,6 @@ static inline float distro__adamw_sign_step(double beta2, int64_t t, float lr, c
  * ranks"). */
 #define DISTRO__AHEAD_SIGN 1.0f
 #define DISTRO__AHEAD_ADAMW 0.75
-float distro__ahead_fraction(double s);
+float distro__ahead_fraction(double g);
 
 #endif

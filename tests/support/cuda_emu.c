@@ -183,7 +183,7 @@ distro_status emu_apply(emu *E, float lr) {
   distro_optim *h = E->h;
   const int sign = h->opt.update == DISTRO_UPDATE_SIGN, adam = !sign;
   h->spread = distro__step_spread(h); /* as optim_cuda.c's demo_apply */
-  const float step = sign ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr, &h->ramp, h->spread),
+  const float step = sign ? lr : distro__adamw_sign_step(h->opt.beta2, h->step + 1, lr, &h->ramp, distro__step_growth(h)),
               shrink = 1.0f - lr * h->opt.weight_decay;
   for (int i = 0; i < h->nparams; i++) {
     const distro__tiling *t = &h->tilings[i];

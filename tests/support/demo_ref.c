@@ -393,7 +393,19 @@ void dr_step(dr_model *m, double lr, const float *const *grads) {
   m->spread_hi = m->sp_picks && m->sp_hi ? (double)m->sp_hi / (double)m->sp_picks : 1;
 }
 
-double dr_spread_scale(double s) { return s > 2 ? sqrt(s / 2) : 1; }
+double dr_spread_scale(const dr_model *m, double s) {
+  /* the calibration: two ranks' selections of 32 in 32 x 32 tiles, a union
+   * of at most a sixteenth of the tiles' coefficients */
+  const double cal = 2.0 * 32.0 / (32.0 * 32.0);
+  double kept = 0, all = 0;
+  for (int i = 0; i < m->nt; i++) {
+    kept += (double)m->t[i].k * (double)m->t[i].tiles;
+    all += (double)m->t[i].h * m->t[i].w * (double)m->t[i].tiles;
+  }
+  const double density = kept / all;
+  if (density >= cal / 2) return s > 2 ? sqrt(s / 2) : 1; /* as dense or denser: the defaults' growth */
+  return s * density > cal ? sqrt(s * density / cal) : 1;
+}
 
 void dr_spread_counts(const dr_model *m, int64_t *lo, int64_t *hi, int64_t *picks) {
   *lo = m->sp_lo;
@@ -439,8 +451,8 @@ void dr_compare(const dr_model *m, int ti, const float *p0, const float *p1, dr_
    * [spread_lo, spread_hi]; the library rounds the step to float32), so the
    * step lies in [step, step_hi]. */
   const double base = distro_adamw ? dr_adamw_step(cfg->beta2, m->step) * dr_warmup(m, m->step) * lr : lr,
-               step = distro_adamw ? base * dr_spread_scale(m->spread_lo) : lr,
-               step_hi = distro_adamw ? base * dr_spread_scale(m->spread_hi) : lr,
+               step = distro_adamw ? base * dr_spread_scale(m, m->spread_lo) : lr,
+               step_hi = distro_adamw ? base * dr_spread_scale(m, m->spread_hi) : lr,
                stol = distro_adamw ? 1e-6 * step_hi : 0.0;
   double bc1 = 1 - pow(cfg->beta1, (double)m->step), bc2 = 1 - pow(cfg->beta2, (double)m->step);
   memset(out, 0, sizeof *out);
