@@ -282,6 +282,16 @@ Test(reference_step, adamw_update_sparse_selections_grow_later, .timeout = 120) 
   sweep("adamw-update/f32/chunk32/topk4", o, 1e-3, 2, 6, 6);
 }
 
+/* 8 of up to 32 x 32 (denser than the calibration here): the growth
+ * anchored at 2 stops at a spread of 4, which seven and eight ranks pass
+ * (five and six seldom do on these gradients). */
+Test(reference_step, adamw_update_growth_stops_at_twice_the_anchor, .timeout = 120) {
+  distro_options o = demo_opts(DISTRO_UPDATE_ADAMW, DISTRO_VALUES_F32);
+  o.chunk = 32;
+  o.topk = 8;
+  sweep("adamw-update/f32/chunk32/topk8", o, 1e-3, 7, 8, 6);
+}
+
 Test(reference_step, adamw_update_f32_world_1_to_4, .timeout = 120) {
   sweep("adamw-update/f32", demo_opts(DISTRO_UPDATE_ADAMW, DISTRO_VALUES_F32), 1e-3, 1, 4, 6);
 }

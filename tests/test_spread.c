@@ -165,8 +165,9 @@ Test(spread, sampled_beyond_4096_tiles) {
  * of the tiles rather than from the library's anchor. */
 static double ref_growth(double density, double s) {
   const double cal = 2.0 * 32.0 / 1024.0;
-  if (density >= cal / 2.0) return s > 2.0 ? sqrt(s / 2.0) : 1.0;
-  return s * density > cal ? sqrt(s * density / cal) : 1.0;
+  double ratio = density >= cal / 2.0 ? s / 2.0 : s * density / cal; /* the union over the calibrated one */
+  if (ratio > 2.0) ratio = 2.0;                                      /* grown no further than twice it */
+  return ratio > 1.0 ? sqrt(ratio) : 1.0;
 }
 
 Test(spread, step_growth_from_the_calibrated_two_ranks) {
@@ -187,8 +188,12 @@ Test(spread, step_growth_from_the_calibrated_two_ranks) {
   cr_assert_eq(distro__spread_anchor(16.0 / 1024.0), 4.0);
   cr_assert_eq(distro__adamw_spread_scale(2.0, 2.0), 1.0);
   cr_assert_eq(distro__adamw_spread_scale(4.0, 4.0), 1.0);
-  cr_assert(distro__adamw_spread_scale(8.0, 2.0) == 2.0, "spread 8: growth %.17g, want 2",
+  cr_assert(distro__adamw_spread_scale(3.0, 2.0) == sqrt(1.5), "spread 3: growth %.17g, want sqrt(1.5)",
+            distro__adamw_spread_scale(3.0, 2.0));
+  /* grown no further than at twice the anchor */
+  cr_assert(distro__adamw_spread_scale(8.0, 2.0) == sqrt(2.0), "spread 8: growth %.17g, want sqrt(2)",
             distro__adamw_spread_scale(8.0, 2.0));
+  cr_assert_eq(distro__adamw_spread_scale(4.0, 2.0), distro__adamw_spread_scale(16.0, 2.0));
   /* the step rounds once: ungrown, the same float as without the growth */
   const float lr = 3e-3f;
   distro__ramp r = {0};

@@ -25,7 +25,11 @@ double distro__spread_anchor(double density) {
   return a > DISTRO__SPREAD_CALIBRATED ? a : DISTRO__SPREAD_CALIBRATED;
 }
 
-double distro__adamw_spread_scale(double s, double anchor) { return s > anchor ? sqrt(s / anchor) : 1.0; }
+double distro__adamw_spread_scale(double s, double anchor) {
+  if (!(s > anchor)) return 1.0;
+  const double most = DISTRO__SPREAD_GROWTH_MOST * anchor;
+  return sqrt((s < most ? s : most) / anchor);
+}
 
 float distro__ahead_fraction(double g) { return (float)fmin(1.0, DISTRO__AHEAD_ADAMW * g); }
 

@@ -59,8 +59,12 @@ double distro__ramp_scale(const distro__ramp *r, int64_t t);
  * `density` of the tiles' coefficients, a = 1 / (16 density): 2 at the
  * defaults, 4 at topk 16 of 32 x 32 tiles, whose coefficients already hold
  * a larger share. Never below 2, so denser selections grow as the defaults
- * do. Exactly 1 for s <= a. */
+ * do. Exactly 1 for s <= a. The growth stops at s = 2a (four ranks' worth
+ * at the defaults, g = sqrt(2)): beyond it the extra distinct coefficients
+ * are mostly single ranks' noise, and a step grown with them fell far
+ * behind at 12 and 16 ranks (docs/design.md, "Beyond 8 ranks"). */
 #define DISTRO__SPREAD_CALIBRATED 2.0
+#define DISTRO__SPREAD_GROWTH_MOST 2.0
 double distro__spread_anchor(double density);
 double distro__adamw_spread_scale(double s, double anchor);
 

@@ -403,8 +403,10 @@ double dr_spread_scale(const dr_model *m, double s) {
     all += (double)m->t[i].h * m->t[i].w * (double)m->t[i].tiles;
   }
   const double density = kept / all;
-  if (density >= cal / 2) return s > 2 ? sqrt(s / 2) : 1; /* as dense or denser: the defaults' growth */
-  return s * density > cal ? sqrt(s * density / cal) : 1;
+  /* as dense or denser: the defaults' growth, to s = 4 */
+  if (density >= cal / 2) return s > 2 ? sqrt(fmin(s, 4) / 2) : 1;
+  /* sparser: the union's share over the calibrated one, up to twice it */
+  return s * density > cal ? sqrt(fmin(s * density / cal, 2)) : 1;
 }
 
 void dr_spread_counts(const dr_model *m, int64_t *lo, int64_t *hi, int64_t *picks) {

@@ -52,10 +52,10 @@ void dr_geometry(const dr_model *m, int t, int *h, int *w, int64_t *tiles);
 /* DisTrO-AdamW's growth of the step with the aggregate's spread s (the
  * distinct selected coefficients per coefficient one rank selects) for the
  * model's tiles. Selections keeping at least the calibration's share of
- * the coefficients (32 of 32 x 32): 1 up to s = 2, sqrt(s / 2) above.
- * Sparser: 1 while the union, s times that share, holds at most the
- * calibrated two ranks' (a sixteenth), the square root of its ratio to
- * that above. */
+ * the coefficients (32 of 32 x 32): 1 up to s = 2, sqrt(s / 2) above, at
+ * most sqrt(2) (s = 4). Sparser: 1 while the union, s times that share,
+ * holds at most the calibrated two ranks' (a sixteenth), the square root
+ * of its ratio to that above, the ratio at most 2. */
 double dr_spread_scale(const dr_model *m, double s);
 /* The last step's spread as counts: the sampled tiles' distinct selected
  * coefficients lie in [*lo, *hi] (equal unless a sampled tile is tainted),
