@@ -8,12 +8,13 @@
 # the stale overlap and the gradient-ready exchange (options.overlap, which
 # must end where the blocking step does: no clip here); --sign1 adds DisTrO-AdamW with 1-bit
 # values (options.values = DISTRO_VALUES_SIGN1), --topk16 DisTrO-AdamW with
-# 16 coefficients a chunk (options.topk = 16).
+# 16 coefficients a chunk (options.topk = 16); --ranks N runs N in-process
+# ranks (4).
 #
-#   bench/outside/run.sh [--build DIR] [--lrs 0.003,0.01,0.03 | --lr X] [--seeds 1,2,3] [--steps 300] [--overlap] [--sign1] [--topk16]
+#   bench/outside/run.sh [--build DIR] [--lrs 0.003,0.01,0.03 | --lr X] [--seeds 1,2,3] [--steps 300] [--overlap] [--sign1] [--topk16] [--ranks N]
 # Needs the fortunes corpus (Debian: fortunes); about 5 minutes on 2 cores.
 set -euo pipefail
-build=build lrs=0.003,0.01,0.03 seeds=1,2,3 steps=300 lr= optims="adamw distro-adamw"
+build=build lrs=0.003,0.01,0.03 seeds=1,2,3 steps=300 ranks=4 lr= optims="adamw distro-adamw"
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -24,7 +25,8 @@ while [ $# -gt 0 ]; do
     --topk16) optims="$optims distro-adamw-topk16"; shift ;;
     --seeds) seeds=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --ranks) ranks=$2; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "outside: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,7 +45,7 @@ fi
 distro_installed "$build" "$work/prefix"
 # shellcheck disable=SC2086
 cc -O2 -o "$work/plain_loop" "$here/plain_loop.c" $DISTRO_CFLAGS $DISTRO_LIBS -lm
-loop() { "$work/plain_loop" --data "$corpus" --steps "$steps" "$@"; }
+loop() { "$work/plain_loop" --data "$corpus" --steps "$steps" --ranks "$ranks" "$@"; }
 loss() { sed -n 's/.*held-out loss \([0-9.]*\),.*/\1/p'; }
 
 best=$lr best_loss=
